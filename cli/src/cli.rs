@@ -1,0 +1,338 @@
+//! Argument parsing and the subcommands. Exit codes: 0 no `error` finding, 1 at least one,
+//! 2 bad usage or unreadable input (one line on stderr).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use kata_topo::host::Locality;
+use kata_topo::request::RequestError;
+use kata_topo::{
+    Baseline, Checker, ContainerSpec, Defaults, Host, Mode, Overrides, Policy, Request, Resources,
+    Sysfs, TopologySource,
+};
+use serde::Serialize;
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("KATA_TOPO_GIT_REV"),
+    ")"
+);
+
+/// kata-topo: keep Kata pods on the NUMA and VFIO topology they were admitted with.
+#[derive(Debug, Parser)]
+#[command(name = "kata-topo", version = VERSION, disable_version_flag = true)]
+struct Cli {
+    /// Print the version.
+    #[arg(short = 'v', short_alias = 'V', long, action = clap::ArgAction::Version)]
+    version: Option<bool>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the host's NUMA nodes and PCI devices with their locality and VFIO group.
+    Topology(TopologyArgs),
+    /// Check one request (a create, a recreate or an update) and print the verdict.
+    Check(CheckArgs),
+}
+
+/// Where the host description comes from.
+#[derive(Debug, Args)]
+struct HostArgs {
+    /// An hwloc XML export to use instead of the live machine.
+    #[arg(long, value_name = "FILE.xml")]
+    topology: Option<PathBuf>,
+    /// The sysfs root for VFIO groups and device locality. Default: /sys for the live
+    /// machine; none with --topology (an XML describes another machine).
+    #[arg(long, value_name = "ROOT")]
+    sysfs: Option<PathBuf>,
+}
+
+impl HostArgs {
+    fn load(&self) -> Result<(Host, Option<Sysfs>)> {
+        let source = match &self.topology {
+            Some(path) => TopologySource::Xml(path.clone()),
+            None => TopologySource::Live,
+        };
+        let host = Host::load(&source)?;
+        let sysfs = match (&self.sysfs, &self.topology) {
+            (Some(root), _) => {
+                if !root.is_dir() {
+                    anyhow::bail!("sysfs root {} is not a directory", root.display());
+                }
+                Some(Sysfs::new(root))
+            }
+            (None, None) => Some(Sysfs::new("/sys")),
+            (None, Some(_)) => None,
+        };
+        Ok((host, sysfs))
+    }
+}
+
+#[derive(Debug, Args)]
+struct TopologyArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The container's OCI spec (a bundle's config.json).
+    #[arg(long, value_name = "CONFIG.json")]
+    spec: PathBuf,
+    /// An OCI LinuxResources JSON: check an update of the container instead of its create.
+    #[arg(long, value_name = "RESOURCES.json")]
+    update: Option<PathBuf>,
+    /// The container's baseline: a create becomes a recreate, and updates are held to it.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Write the baseline a first create of this spec records.
+    #[arg(long, value_name = "OUT.json")]
+    record_baseline: Option<PathBuf>,
+    #[command(flatten)]
+    host: HostArgs,
+    /// The policy, over the pod's annotation and the default (restricted).
+    #[arg(long, value_name = "P")]
+    policy: Option<Policy>,
+    /// The mode, over the pod's annotation and the default (audit).
+    #[arg(long, value_name = "M")]
+    mode: Option<Mode>,
+    /// Print the verdict as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses arguments and runs; maps errors to exit code 2 with one line on stderr.
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Topology(args) => topology(&args),
+        Command::Check(args) => check(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kata-topo: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+#[derive(Serialize)]
+struct TopologyView {
+    source: String,
+    fingerprint: String,
+    online_cpus: String,
+    offline_cpus: String,
+    numa_nodes: Vec<NodeView>,
+    pci_devices: Vec<PciView>,
+}
+
+#[derive(Serialize)]
+struct NodeView {
+    os_index: u32,
+    cpus: String,
+    local_cpus: String,
+    memory_bytes: u64,
+    cpuless: bool,
+    subtype: Option<String>,
+}
+
+#[derive(Serialize)]
+struct PciView {
+    bus_id: String,
+    class_id: String,
+    vendor_id: String,
+    device_id: String,
+    numa_nodes: Option<Vec<u32>>,
+    locality_unknown_reason: Option<String>,
+    driver: Option<String>,
+    vfio_group: Option<String>,
+}
+
+fn topology(args: &TopologyArgs) -> Result<ExitCode> {
+    let (host, sysfs) = args.host.load()?;
+    let mut pci_devices = Vec::new();
+    for dev in &host.pci {
+        let state = match &sysfs {
+            Some(s) => s
+                .device(dev.bus_id)
+                .with_context(|| format!("reading sysfs for {}", dev.bus_id))?,
+            None => None,
+        };
+        let locality = host.device_locality(dev.bus_id, state.as_ref());
+        let (numa_nodes, reason) = match locality {
+            Locality::Nodes(n) => (Some(n.to_vec()), None),
+            Locality::Unknown(why) => (None, Some(why)),
+        };
+        let vfio_group = state
+            .as_ref()
+            .filter(|s| s.bound_to_vfio())
+            .and_then(|s| s.iommu_group.clone());
+        pci_devices.push(PciView {
+            bus_id: dev.bus_id.to_string(),
+            class_id: format!("{:04x}", dev.class_id),
+            vendor_id: format!("{:04x}", dev.vendor_id),
+            device_id: format!("{:04x}", dev.device_id),
+            numa_nodes,
+            locality_unknown_reason: reason,
+            driver: state.and_then(|s| s.driver),
+            vfio_group,
+        });
+    }
+    let view = TopologyView {
+        source: host.source_name.clone(),
+        fingerprint: host.fingerprint().to_string(),
+        online_cpus: host.online_cpus.to_string(),
+        offline_cpus: host.all_cpus.difference(&host.online_cpus).to_string(),
+        numa_nodes: host
+            .nodes
+            .iter()
+            .map(|n| NodeView {
+                os_index: n.os_index,
+                cpus: n.cpus.to_string(),
+                local_cpus: n.local_cpus.to_string(),
+                memory_bytes: n.memory_bytes,
+                cpuless: n.cpus.is_empty(),
+                subtype: n.subtype.clone(),
+            })
+            .collect(),
+        pci_devices,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", human_topology(&view));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human_topology(view: &TopologyView) -> String {
+    let mut out = format!(
+        "host: {} (fingerprint {})\nonline CPUs: {}",
+        view.source, view.fingerprint, view.online_cpus
+    );
+    if !view.offline_cpus.is_empty() {
+        out.push_str(&format!("  offline: {}", view.offline_cpus));
+    }
+    out.push_str("\nNUMA nodes:\n");
+    for n in &view.numa_nodes {
+        let cpus = if n.cpuless {
+            format!("no CPUs (local to {})", n.local_cpus)
+        } else {
+            format!("CPUs {}", n.cpus)
+        };
+        out.push_str(&format!(
+            "  node {:<3} {:<40} {:>10} MiB{}\n",
+            n.os_index,
+            cpus,
+            n.memory_bytes >> 20,
+            n.subtype
+                .as_deref()
+                .map(|s| format!("  [{s}]"))
+                .unwrap_or_default()
+        ));
+    }
+    out.push_str(&format!("PCI devices: {}\n", view.pci_devices.len()));
+    for d in &view.pci_devices {
+        let nodes = match &d.numa_nodes {
+            Some(n) => format!(
+                "node {}",
+                n.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            None => "node unknown".to_string(),
+        };
+        out.push_str(&format!(
+            "  {}  class {} {}:{}  {:<14}{}\n",
+            d.bus_id,
+            d.class_id,
+            d.vendor_id,
+            d.device_id,
+            nodes,
+            d.vfio_group
+                .as_deref()
+                .map(|g| format!("  vfio group {g}"))
+                .unwrap_or_default()
+        ));
+    }
+    out
+}
+
+fn read_spec(path: &Path) -> Result<ContainerSpec> {
+    ContainerSpec::from_file(path).map_err(|e| spec_error(e, path))
+}
+
+fn spec_error(e: RequestError, path: &Path) -> anyhow::Error {
+    match e {
+        RequestError::Read { .. } => anyhow::Error::new(e),
+        other => anyhow::Error::new(other).context(format!("in {}", path.display())),
+    }
+}
+
+fn check(args: &CheckArgs) -> Result<ExitCode> {
+    let spec = read_spec(&args.spec)?;
+    let update = match &args.update {
+        Some(path) => Some(Resources::from_file(path).map_err(|e| spec_error(e, path))?),
+        None => None,
+    };
+    let baseline: Option<Baseline> = match &args.baseline {
+        Some(path) => {
+            let text = std::fs::read(path)
+                .with_context(|| format!("cannot read baseline {}", path.display()))?;
+            Some(
+                serde_json::from_slice(&text)
+                    .with_context(|| format!("baseline {} is not valid", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let (host, sysfs) = args.host.load()?;
+    let checker = Checker::new(&host, sysfs.as_ref(), Defaults::default());
+    if let Some(out) = &args.record_baseline {
+        let recorded = checker.record_baseline(&spec);
+        let text = serde_json::to_string_pretty(&recorded)?;
+        std::fs::write(out, text + "\n")
+            .with_context(|| format!("cannot write baseline {}", out.display()))?;
+    }
+    let verdict = checker.check(&Request {
+        spec: &spec,
+        update: update.as_ref(),
+        current: None,
+        baseline: baseline.as_ref(),
+        container_id: None,
+        overrides: Overrides {
+            policy: args.policy,
+            mode: args.mode,
+        },
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        print!("{}", verdict.human());
+    }
+    Ok(if verdict.has_error() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

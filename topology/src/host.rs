@@ -1,0 +1,552 @@
+//! The host: NUMA nodes, CPUs and PCI devices, read once through hwloc.
+//!
+//! [`Host::load`] is the one place that asks hwloc about the machine. It turns hwloc's tree
+//! into plain data (so a [`Host`] is cheap to share read-only across threads and the rules
+//! never touch FFI): the NUMA nodes with the CPUs each one is home to, the online and offline
+//! CPUs, and every PCI device with its NUMA locality — or *unknown* locality when the device
+//! hangs off the root of a multi-node machine.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use hwlocality::object::attributes::ObjectAttributes;
+use hwlocality::object::types::ObjectType;
+use hwlocality::object::TopologyObject;
+use hwlocality::topology::builder::{BuildFlags, TypeFilter};
+use hwlocality::Topology;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::idset::IdSet;
+use crate::sysfs::DeviceState;
+
+/// The largest topology XML accepted (the 384-PU, 24-node fixture is under 1 MiB).
+pub const MAX_XML_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Where the host description comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologySource {
+    /// The live machine (hwloc's native discovery; `HWLOC_FSROOT` and friends apply).
+    Live,
+    /// An hwloc XML export (tests, demos, or a saved snapshot of another machine).
+    Xml(PathBuf),
+}
+
+/// Why the host could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The XML file could not be read.
+    #[error("cannot read topology file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The XML file is too large to be a topology.
+    #[error("topology file {path} is {size} bytes, more than the {MAX_XML_BYTES} accepted")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// hwloc refused the input or failed to build the topology.
+    #[error("hwloc could not load the topology from {source_name}: {reason}")]
+    Hwloc {
+        /// `live machine` or the XML path.
+        source_name: String,
+        /// hwloc's own words.
+        reason: String,
+    },
+    /// The topology loaded but holds no CPU.
+    #[error("the topology from {0} has no CPU")]
+    NoCpu(String),
+}
+
+/// A PCI address with its domain: `0000:34:00.0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bdf {
+    /// PCI domain (segment).
+    pub domain: u32,
+    /// Bus number.
+    pub bus: u8,
+    /// Device number (0-31).
+    pub device: u8,
+    /// Function number (0-7).
+    pub function: u8,
+}
+
+/// Why a PCI address did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a PCI address like 0000:34:00.0")]
+pub struct BdfError(pub String);
+
+impl FromStr for Bdf {
+    type Err = BdfError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BdfError(s.chars().take(64).collect());
+        let b = s.as_bytes();
+        // dddd:bb:dd.f — exactly, as sysfs names devices.
+        if b.len() != 12 || b[4] != b':' || b[7] != b':' || b[10] != b'.' {
+            return Err(bad());
+        }
+        let hex = |r: std::ops::Range<usize>| {
+            let part = &s[r];
+            if part.bytes().all(|c| c.is_ascii_hexdigit()) {
+                u32::from_str_radix(part, 16).map_err(|_| bad())
+            } else {
+                Err(bad())
+            }
+        };
+        let (domain, bus, device, function) = (hex(0..4)?, hex(5..7)?, hex(8..10)?, hex(11..12)?);
+        if device > 31 || function > 7 {
+            return Err(bad());
+        }
+        Ok(Self {
+            domain,
+            bus: bus as u8,
+            device: device as u8,
+            function: function as u8,
+        })
+    }
+}
+
+impl fmt::Display for Bdf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+impl Serialize for Bdf {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bdf {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// One NUMA node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NumaNode {
+    /// The OS index (`/sys/devices/system/node/nodeN`).
+    pub os_index: u32,
+    /// The CPUs whose home node this is. Empty for a CPU-less node (KNL MCDRAM, CXL memory,
+    /// a memory-only node).
+    pub cpus: IdSet,
+    /// The CPUs this node is local to (hwloc's node cpuset: for a CPU-less node, the CPUs of
+    /// the part of the machine it hangs off).
+    pub local_cpus: IdSet,
+    /// Local memory in bytes.
+    pub memory_bytes: u64,
+    /// hwloc's subtype (`MCDRAM`, `GPUMemory`, …), when it has one.
+    pub subtype: Option<String>,
+}
+
+/// Where a device sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Locality {
+    /// Local to these NUMA nodes.
+    Nodes(IdSet),
+    /// Not determinable; the reason says why.
+    Unknown(String),
+}
+
+impl Locality {
+    /// The nodes, when known.
+    pub fn nodes(&self) -> Option<&IdSet> {
+        match self {
+            Self::Nodes(n) => Some(n),
+            Self::Unknown(_) => None,
+        }
+    }
+}
+
+/// One PCI device as hwloc sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciDevice {
+    /// Its address.
+    pub bus_id: Bdf,
+    /// PCI class and subclass (`0x0302` is a 3D controller).
+    pub class_id: u16,
+    /// Vendor id.
+    pub vendor_id: u16,
+    /// Device id.
+    pub device_id: u16,
+    /// NUMA locality from hwloc's tree.
+    pub locality: Locality,
+}
+
+/// The machine, as plain data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// NUMA nodes by ascending OS index.
+    pub nodes: Vec<NumaNode>,
+    /// CPUs that exist and are online (allowed to this process or not).
+    pub online_cpus: IdSet,
+    /// Every CPU hwloc knows of, offline ones included.
+    pub all_cpus: IdSet,
+    /// PCI devices by ascending address.
+    pub pci: Vec<PciDevice>,
+    /// The home node of each online CPU, indexed by CPU id.
+    cpu_home: Vec<Option<u32>>,
+    /// A stable digest of what placement depends on (see [`Host::fingerprint`]).
+    fingerprint: String,
+    /// Where it came from, for messages.
+    pub source_name: String,
+}
+
+impl Host {
+    /// Loads the host from hwloc: the live machine or an XML export. I/O objects are all kept
+    /// and disallowed resources included, so a process inside a restricted cgroup (a shim is
+    /// one) still sees the whole machine.
+    pub fn load(source: &TopologySource) -> Result<Self, HostError> {
+        let source_name = match source {
+            TopologySource::Live => "the live machine".to_string(),
+            TopologySource::Xml(path) => path.display().to_string(),
+        };
+        if let TopologySource::Xml(path) = source {
+            let meta = std::fs::metadata(path).map_err(|source| HostError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            if !meta.is_file() {
+                return Err(HostError::Read {
+                    path: path.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file"),
+                });
+            }
+            if meta.len() > MAX_XML_BYTES {
+                return Err(HostError::TooLarge {
+                    path: path.clone(),
+                    size: meta.len(),
+                });
+            }
+        }
+        // hwlocality treats some hwloc answers as impossible and panics on them; a checker
+        // must turn even that into an error.
+        let built = std::panic::catch_unwind(|| build_topology(source)).map_err(|panic| {
+            let reason = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_else(|| "hwloc binding failed".to_string());
+            HostError::Hwloc {
+                source_name: source_name.clone(),
+                reason,
+            }
+        })?;
+        let topology = built.map_err(|reason| HostError::Hwloc {
+            source_name: source_name.clone(),
+            reason,
+        })?;
+        Self::from_topology(&topology, source_name)
+    }
+
+    fn from_topology(topology: &Topology, source_name: String) -> Result<Self, HostError> {
+        let online_cpus = to_idset(topology.cpuset().iter_set().map(usize::from));
+        let all_cpus =
+            to_idset(topology.complete_cpuset().iter_set().map(usize::from)).union(&online_cpus);
+        if online_cpus.is_empty() {
+            return Err(HostError::NoCpu(source_name));
+        }
+        let mut nodes: Vec<NumaNode> = topology
+            .objects_with_type(ObjectType::NUMANode)
+            .filter_map(|obj| {
+                let os_index = u32::try_from(obj.os_index()?).ok()?;
+                let local_cpus = obj
+                    .cpuset()
+                    .map(|c| to_idset(c.iter_set().map(usize::from)))
+                    .unwrap_or_default()
+                    .intersection(&online_cpus);
+                let memory_bytes = match obj.attributes() {
+                    Some(ObjectAttributes::NUMANode(attr)) => {
+                        attr.local_memory().map_or(0, |m| m.get())
+                    }
+                    _ => 0,
+                };
+                let subtype = obj
+                    .subtype()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .filter(|s| !s.is_empty());
+                Some(NumaNode {
+                    os_index,
+                    cpus: IdSet::new(),
+                    local_cpus,
+                    memory_bytes,
+                    subtype,
+                })
+            })
+            .collect();
+        nodes.sort_by_key(|n| n.os_index);
+        nodes.dedup_by_key(|n| n.os_index);
+        let cpu_home = assign_home_nodes(&mut nodes, &online_cpus);
+        let multi_node = nodes.len() > 1;
+        let single_node = nodes.first().map(|n| n.os_index);
+        let mut pci: Vec<PciDevice> = topology
+            .objects_with_type(ObjectType::PCIDevice)
+            .filter_map(|obj| pci_device(obj, multi_node, single_node))
+            .collect();
+        pci.sort_by_key(|d| d.bus_id);
+        pci.dedup_by_key(|d| d.bus_id);
+        let mut host = Self {
+            nodes,
+            online_cpus,
+            all_cpus,
+            pci,
+            cpu_home,
+            fingerprint: String::new(),
+            source_name,
+        };
+        host.fingerprint = host.compute_fingerprint();
+        Ok(host)
+    }
+
+    /// A stable digest (FNV-1a, hex) of the placement-relevant facts: each node's home CPUs,
+    /// the online CPUs, and each PCI device's locality. Memory sizes are left out: they move
+    /// with hot-add and firmware reservations without changing where anything is.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    fn compute_fingerprint(&self) -> String {
+        let mut text = format!("online={};", self.online_cpus);
+        for n in &self.nodes {
+            text.push_str(&format!("node{}={};", n.os_index, n.cpus));
+        }
+        for d in &self.pci {
+            match &d.locality {
+                Locality::Nodes(nodes) => text.push_str(&format!("{}@{};", d.bus_id, nodes)),
+                Locality::Unknown(_) => text.push_str(&format!("{}@?;", d.bus_id)),
+            }
+        }
+        format!("{:016x}", fnv1a(text.as_bytes()))
+    }
+
+    /// The home NUMA node of an online CPU.
+    pub fn home_node(&self, cpu: u32) -> Option<u32> {
+        self.cpu_home.get(cpu as usize).copied().flatten()
+    }
+
+    /// The home nodes of a set of CPUs (offline and unknown CPUs contribute nothing).
+    pub fn nodes_of_cpus(&self, cpus: &IdSet) -> IdSet {
+        cpus.iter().filter_map(|c| self.home_node(c)).collect()
+    }
+
+    /// A node by OS index.
+    pub fn node(&self, os_index: u32) -> Option<&NumaNode> {
+        self.nodes
+            .binary_search_by_key(&os_index, |n| n.os_index)
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    /// Every node's OS index.
+    pub fn node_ids(&self) -> IdSet {
+        self.nodes.iter().map(|n| n.os_index).collect()
+    }
+
+    /// A PCI device by address.
+    pub fn pci_device(&self, bdf: Bdf) -> Option<&PciDevice> {
+        self.pci
+            .binary_search_by_key(&bdf, |d| d.bus_id)
+            .ok()
+            .map(|i| &self.pci[i])
+    }
+
+    /// Total memory of a set of nodes, in bytes.
+    pub fn memory_of(&self, nodes: &IdSet) -> u64 {
+        nodes
+            .iter()
+            .filter_map(|n| self.node(n))
+            .map(|n| n.memory_bytes)
+            .sum()
+    }
+
+    /// A device's locality from hwloc cross-checked with what sysfs says now (its
+    /// `numa_node`). Unknown when either source cannot tell on a multi-node host, or when they
+    /// disagree; a device hwloc does not list takes sysfs's word alone.
+    pub fn device_locality(&self, bdf: Bdf, sysfs: Option<&DeviceState>) -> Locality {
+        if !self.is_multi_node() {
+            return match self.nodes.first() {
+                Some(n) => Locality::Nodes([n.os_index].into_iter().collect()),
+                None => Locality::Unknown("the host has no NUMA node".to_string()),
+            };
+        }
+        let numa_node = sysfs.and_then(|s| s.numa_node);
+        let hwloc = self.pci_device(bdf).map(|d| &d.locality);
+        match (hwloc, numa_node) {
+            (_, Some(n)) if n < 0 => {
+                Locality::Unknown("sysfs numa_node is -1: firmware gives no locality".to_string())
+            }
+            (Some(Locality::Unknown(why)), _) => Locality::Unknown(why.clone()),
+            (Some(Locality::Nodes(nodes)), Some(n)) if !nodes.contains(n as u32) => {
+                Locality::Unknown(format!(
+                    "hwloc places it on node {nodes} but sysfs numa_node says {n}"
+                ))
+            }
+            (Some(Locality::Nodes(nodes)), _) => Locality::Nodes(nodes.clone()),
+            (None, Some(n)) => Locality::Nodes([n as u32].into_iter().collect()),
+            (None, None) => {
+                Locality::Unknown("neither hwloc nor sysfs knows this device".to_string())
+            }
+        }
+    }
+
+    /// Whether the machine has more than one NUMA node.
+    pub fn is_multi_node(&self) -> bool {
+        self.nodes.len() > 1
+    }
+}
+
+fn build_topology(source: &TopologySource) -> Result<Topology, String> {
+    let mut builder = Topology::builder();
+    if let TopologySource::Xml(path) = source {
+        builder = builder.from_xml_file(path).map_err(|e| e.to_string())?;
+    }
+    builder
+        .with_flags(BuildFlags::INCLUDE_DISALLOWED)
+        .map_err(|e| e.to_string())?
+        .with_common_type_filter(TypeFilter::KeepAll)
+        .map_err(|e| e.to_string())?
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn to_idset(ids: impl Iterator<Item = usize>) -> IdSet {
+    ids.filter_map(|i| u32::try_from(i).ok()).collect()
+}
+
+/// Gives every online CPU exactly one home node: the node with the smallest cpuset that holds
+/// it, preferring nodes without a memory subtype (MCDRAM, HBM, NVM, GPUMemory) and then the
+/// lower OS index. hwloc gives a CPU-less node the cpuset of what it hangs off, so a CPU sits
+/// in several node cpusets on KNL or CXL machines; Linux itself lists it under one node only.
+fn assign_home_nodes(nodes: &mut [NumaNode], online: &IdSet) -> Vec<Option<u32>> {
+    let max = online.iter().last().map_or(0, |c| c as usize + 1);
+    let mut home: Vec<Option<u32>> = vec![None; max];
+    let mut best: Vec<Option<(usize, bool, u32, usize)>> = vec![None; max];
+    for (idx, node) in nodes.iter().enumerate() {
+        let special = node.subtype.as_deref().is_some_and(|s| s != "DRAM");
+        let key = (node.local_cpus.len(), special, node.os_index, idx);
+        for cpu in node.local_cpus.iter() {
+            let slot = &mut best[cpu as usize];
+            if slot.is_none_or(|b| (key.0, key.1, key.2) < (b.0, b.1, b.2)) {
+                *slot = Some(key);
+            }
+        }
+    }
+    for (cpu, choice) in best.iter().enumerate() {
+        if let Some((_, _, os_index, idx)) = choice {
+            home[cpu] = Some(*os_index);
+            nodes[*idx].cpus.insert(cpu as u32);
+        }
+    }
+    home
+}
+
+fn pci_device(
+    obj: &TopologyObject,
+    multi_node: bool,
+    single_node: Option<u32>,
+) -> Option<PciDevice> {
+    let Some(ObjectAttributes::PCIDevice(attr)) = obj.attributes() else {
+        return None;
+    };
+    let bus_id = Bdf {
+        domain: attr.domain().into(),
+        bus: attr.bus_id(),
+        device: attr.bus_device(),
+        function: attr.function(),
+    };
+    let locality = match obj.first_non_io_ancestor() {
+        Some(anc) if anc.parent().is_none() && multi_node => Locality::Unknown(
+            "attached to the machine root: firmware gives no locality".to_string(),
+        ),
+        Some(anc) => {
+            let nodes = to_idset(
+                anc.nodeset()
+                    .map(|n| n.iter_set().map(usize::from).collect::<Vec<_>>())
+                    .unwrap_or_default()
+                    .into_iter(),
+            );
+            if nodes.is_empty() {
+                match single_node {
+                    Some(n) if !multi_node => Locality::Nodes([n].into_iter().collect()),
+                    _ => Locality::Unknown("hwloc gives its parent no NUMA node".to_string()),
+                }
+            } else {
+                Locality::Nodes(nodes)
+            }
+        }
+        None => Locality::Unknown("not attached to the CPU tree".to_string()),
+    };
+    Some(PciDevice {
+        bus_id,
+        class_id: attr.class_id(),
+        vendor_id: attr.vendor_id(),
+        device_id: attr.device_id(),
+        locality,
+    })
+}
+
+/// FNV-1a, 64 bit: stable across builds and platforms, which `DefaultHasher` is not.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bdf_parses_and_formats() {
+        let bdf: Bdf = "0000:34:00.0".parse().expect("valid");
+        assert_eq!(bdf.bus, 0x34);
+        assert_eq!(bdf.to_string(), "0000:34:00.0");
+        let bdf: Bdf = "10000:00:1f.7".parse().unwrap_or(Bdf {
+            domain: 0,
+            bus: 0,
+            device: 0,
+            function: 0,
+        });
+        assert_eq!(bdf.domain, 0, "five-digit domain is rejected");
+        for bad in [
+            "",
+            "0000:34:00",
+            "0000:34:20.0",
+            "0000:34:00.8",
+            "../../etc",
+            "0000:zz:00.0",
+            "0000-34-00.0",
+            "+000:34:00.0",
+        ] {
+            assert!(bad.parse::<Bdf>().is_err(), "{bad} must be rejected");
+        }
+        assert_eq!(
+            "0001:b7:1f.7".parse::<Bdf>().map(|b| b.to_string()),
+            Ok("0001:b7:1f.7".into())
+        );
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

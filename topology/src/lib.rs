@@ -1,0 +1,64 @@
+//! kata-topo core: what the host is (hwloc, sysfs), what a pod wants (annotations, baseline),
+//! what a request asks (OCI spec, `LinuxResources`), and which rules that breaks.
+//!
+//! No async runtime and no transport here: the shim, the hook and the CLI are thin layers over
+//! [`check::Checker`].
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod host;
+pub mod idset;
+pub mod intent;
+pub mod request;
+pub mod simulate;
+pub mod sysfs;
+pub mod verdict;
+
+pub use check::{Checker, Defaults, Overrides, Request};
+pub use host::{Bdf, Host, Locality, TopologySource};
+pub use idset::IdSet;
+pub use intent::{Baseline, Mode, Policy};
+pub use request::{ContainerSpec, Resources};
+pub use sysfs::Sysfs;
+pub use verdict::{Decision, Finding, Operation, Rule, Severity, UpdateClass, Verdict};
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! A sysfs tree in a temporary directory that lives as long as the value.
+    use crate::host::Bdf;
+    use crate::simulate;
+
+    pub(crate) struct SysfsTree {
+        _dir: tempfile::TempDir,
+        tree: simulate::SysfsTree,
+    }
+
+    impl SysfsTree {
+        pub(crate) fn new() -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let tree = simulate::SysfsTree::at(dir.path().join("sys")).expect("sysfs tree");
+            Self { _dir: dir, tree }
+        }
+
+        pub(crate) fn root(&self) -> &std::path::Path {
+            self.tree.root()
+        }
+
+        pub(crate) fn device(
+            &self,
+            bdf: Bdf,
+            node: i32,
+            driver: Option<&str>,
+            group: Option<&str>,
+        ) {
+            self.tree
+                .add_device(bdf, node, driver, group)
+                .expect("add device");
+        }
+
+        pub(crate) fn iommufd(&self, name: &str, bdf: Bdf) {
+            self.tree.add_iommufd(name, bdf).expect("add iommufd");
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! What a request asks: an OCI spec (create) or an OCI `LinuxResources` (update), turned into
+//! plain domain types at this one boundary.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{LinuxResources, Spec};
+
+use crate::idset::{IdSet, IdSetError};
+use crate::sysfs::VfioRef;
+use crate::verdict::{PodRef, UpdateClass};
+
+/// The largest OCI spec accepted.
+pub const MAX_SPEC_BYTES: u64 = 16 * 1024 * 1024;
+/// The largest `LinuxResources` accepted.
+pub const MAX_RESOURCES_BYTES: u64 = 1024 * 1024;
+
+/// CRI annotation: `sandbox` or `container`.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// CRI annotation: the sandbox id.
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// CRI annotation: the container name.
+pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+/// CRI annotation: the pod name.
+pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+/// CRI annotation: the pod namespace.
+pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+/// CRI annotation: the pod UID.
+pub const CRI_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+
+/// Why a request could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The input is larger than a request can be.
+    #[error("{what} is larger than the {limit} bytes accepted")]
+    TooLarge {
+        /// What it is.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
+    /// The JSON is malformed or not the expected document.
+    #[error("{what} is not valid: {reason}")]
+    Json {
+        /// What it is.
+        what: &'static str,
+        /// serde's words (line and column).
+        reason: String,
+    },
+    /// A cpuset field does not parse.
+    #[error("{field} {value:?} is invalid")]
+    CpuList {
+        /// `linux.resources.cpu.cpus` or `…mems`.
+        field: &'static str,
+        /// The value (shortened).
+        value: String,
+        /// Why.
+        #[source]
+        source: IdSetError,
+    },
+}
+
+/// The resource fields kata-topo looks at. `None` means "not set" (an update leaves it as it
+/// was).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// `cpu.cpus`.
+    pub cpus: Option<IdSet>,
+    /// `cpu.mems`.
+    pub mems: Option<IdSet>,
+    /// `cpu.shares`.
+    pub cpu_shares: Option<u64>,
+    /// `cpu.quota`.
+    pub cpu_quota: Option<i64>,
+    /// `cpu.period`.
+    pub cpu_period: Option<u64>,
+    /// `memory.limit` in bytes; unlimited (`-1`, `0`) is `None`.
+    pub memory_limit: Option<u64>,
+}
+
+impl Resources {
+    /// From the OCI type.
+    pub fn from_oci(res: &LinuxResources) -> Result<Self, RequestError> {
+        let mut out = Self::default();
+        if let Some(cpu) = res.cpu() {
+            out.cpus = cpu_list("linux.resources.cpu.cpus", cpu.cpus().as_deref())?;
+            out.mems = cpu_list("linux.resources.cpu.mems", cpu.mems().as_deref())?;
+            out.cpu_shares = cpu.shares();
+            out.cpu_quota = cpu.quota();
+            out.cpu_period = cpu.period();
+        }
+        if let Some(mem) = res.memory() {
+            out.memory_limit = mem
+                .limit()
+                .and_then(|l| u64::try_from(l).ok())
+                .filter(|&l| l > 0);
+        }
+        Ok(out)
+    }
+
+    /// An update's `LinuxResources` JSON (what containerd puts in the `Update` Any).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RequestError> {
+        if bytes.len() as u64 > MAX_RESOURCES_BYTES {
+            return Err(RequestError::TooLarge {
+                what: "LinuxResources",
+                limit: MAX_RESOURCES_BYTES,
+            });
+        }
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(RequestError::Json {
+                what: "LinuxResources",
+                reason: "expected a JSON object".to_string(),
+            });
+        }
+        let res: LinuxResources =
+            serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
+                what: "LinuxResources",
+                reason: e.to_string(),
+            })?;
+        Self::from_oci(&res)
+    }
+
+    /// Reads [`Resources::from_json`] from a file.
+    pub fn from_file(path: &Path) -> Result<Self, RequestError> {
+        Self::from_json(&read_bounded(path, MAX_RESOURCES_BYTES, "LinuxResources")?)
+    }
+
+    /// These resources with an update's set fields laid over them.
+    pub fn merged(&self, update: &Self) -> Self {
+        Self {
+            cpus: update.cpus.clone().or_else(|| self.cpus.clone()),
+            mems: update.mems.clone().or_else(|| self.mems.clone()),
+            cpu_shares: update.cpu_shares.or(self.cpu_shares),
+            cpu_quota: update.cpu_quota.or(self.cpu_quota),
+            cpu_period: update.cpu_period.or(self.cpu_period),
+            memory_limit: update.memory_limit.or(self.memory_limit),
+        }
+    }
+
+    /// What an update changes against the current resources: `resize` (quota, period, shares
+    /// or memory), `cpuset` (cpus or mems only), `mixed`, or `noop`. Fields the update leaves
+    /// unset do not count as changes.
+    pub fn classify(&self, update: &Self) -> UpdateClass {
+        fn changed<T: PartialEq>(new: &Option<T>, old: &Option<T>) -> bool {
+            new.as_ref().is_some_and(|n| old.as_ref() != Some(n))
+        }
+        let resize = changed(&update.cpu_shares, &self.cpu_shares)
+            || changed(&update.cpu_quota, &self.cpu_quota)
+            || changed(&update.cpu_period, &self.cpu_period)
+            || changed(&update.memory_limit, &self.memory_limit);
+        let cpuset = changed(&update.cpus, &self.cpus) || changed(&update.mems, &self.mems);
+        match (resize, cpuset) {
+            (true, true) => UpdateClass::Mixed,
+            (true, false) => UpdateClass::Resize,
+            (false, true) => UpdateClass::Cpuset,
+            (false, false) => UpdateClass::Noop,
+        }
+    }
+}
+
+fn cpu_list(field: &'static str, value: Option<&str>) -> Result<Option<IdSet>, RequestError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => IdSet::parse(v)
+            .map(Some)
+            .map_err(|source| RequestError::CpuList {
+                field,
+                value: v.chars().take(64).collect(),
+                source,
+            }),
+    }
+}
+
+/// Whether the spec is a pod's sandbox or one of its containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerKind {
+    /// The sandbox (pause) container.
+    Sandbox,
+    /// An application container.
+    Container,
+}
+
+/// A device path under `/dev/vfio/` that is not a valid VFIO name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadDevice {
+    /// The path (shortened).
+    pub path: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// An OCI spec reduced to what the checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    /// All annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Sandbox or container.
+    pub kind: ContainerKind,
+    /// The sandbox id (CRI annotation).
+    pub sandbox_id: Option<String>,
+    /// The container name (CRI annotation).
+    pub container_name: Option<String>,
+    /// The pod.
+    pub pod: PodRef,
+    /// `linux.resources`.
+    pub resources: Resources,
+    /// VFIO devices from `linux.devices`, in spec order.
+    pub vfio: Vec<VfioRef>,
+    /// `/dev/vfio/…` paths that are not valid VFIO names.
+    pub bad_devices: Vec<BadDevice>,
+}
+
+impl ContainerSpec {
+    /// From the OCI type.
+    pub fn from_oci(spec: &Spec) -> Result<Self, RequestError> {
+        let annotations: BTreeMap<String, String> = spec
+            .annotations()
+            .as_ref()
+            .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let linux = spec.linux().as_ref();
+        let resources = match linux.and_then(|l| l.resources().as_ref()) {
+            Some(r) => Resources::from_oci(r)?,
+            None => Resources::default(),
+        };
+        let mut vfio = Vec::new();
+        let mut bad_devices = Vec::new();
+        for dev in linux
+            .and_then(|l| l.devices().as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let path = dev.path().to_string_lossy();
+            match VfioRef::from_path(&path) {
+                None => {}
+                Some(Ok(r)) if vfio.contains(&r) => {}
+                Some(Ok(r)) => vfio.push(r),
+                Some(Err(e)) => bad_devices.push(BadDevice {
+                    path: path.chars().take(128).collect(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        let get = |k: &str| annotations.get(k).cloned();
+        let kind = match annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) {
+            Some("sandbox") => ContainerKind::Sandbox,
+            _ => ContainerKind::Container,
+        };
+        Ok(Self {
+            kind,
+            sandbox_id: get(CRI_SANDBOX_ID),
+            container_name: get(CRI_CONTAINER_NAME),
+            pod: PodRef {
+                name: get(CRI_SANDBOX_NAME),
+                namespace: get(CRI_SANDBOX_NAMESPACE),
+                uid: get(CRI_SANDBOX_UID),
+            },
+            annotations,
+            resources,
+            vfio,
+            bad_devices,
+        })
+    }
+
+    /// An OCI spec JSON (`config.json`).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RequestError> {
+        if bytes.len() as u64 > MAX_SPEC_BYTES {
+            return Err(RequestError::TooLarge {
+                what: "OCI spec",
+                limit: MAX_SPEC_BYTES,
+            });
+        }
+        // serde also accepts a struct as a JSON array; a spec is an object.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(RequestError::Json {
+                what: "OCI spec",
+                reason: "expected a JSON object".to_string(),
+            });
+        }
+        let spec: Spec = serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
+            what: "OCI spec",
+            reason: e.to_string(),
+        })?;
+        Self::from_oci(&spec)
+    }
+
+    /// Reads [`ContainerSpec::from_json`] from a file (a bundle's `config.json`).
+    pub fn from_file(path: &Path) -> Result<Self, RequestError> {
+        Self::from_json(&read_bounded(path, MAX_SPEC_BYTES, "OCI spec")?)
+    }
+}
+
+/// Reads a whole file, refusing more than `limit` bytes.
+pub(crate) fn read_bounded(
+    path: &Path,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, RequestError> {
+    let read_err = |source| RequestError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(read_err)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > limit {
+        return Err(RequestError::TooLarge { what, limit });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn res(json: &str) -> Resources {
+        Resources::from_json(json.as_bytes()).expect("valid resources")
+    }
+
+    #[test]
+    fn reads_resources() {
+        let r = res(
+            r#"{"cpu":{"shares":1024,"quota":200000,"period":100000,"cpus":"0-3","mems":"0"},"memory":{"limit":1073741824}}"#,
+        );
+        assert_eq!(
+            r.cpus.as_ref().map(ToString::to_string).as_deref(),
+            Some("0-3")
+        );
+        assert_eq!(
+            r.mems.as_ref().map(ToString::to_string).as_deref(),
+            Some("0")
+        );
+        assert_eq!(r.cpu_quota, Some(200_000));
+        assert_eq!(r.memory_limit, Some(1 << 30));
+        let unlimited = res(r#"{"memory":{"limit":-1},"cpu":{"cpus":""}}"#);
+        assert_eq!(unlimited.memory_limit, None);
+        assert_eq!(unlimited.cpus, None);
+    }
+
+    #[test]
+    fn rejects_bad_resources_with_a_reason() {
+        let err = Resources::from_json(br#"{"cpu":{"cpus":"3-1"}}"#).expect_err("reversed");
+        assert!(
+            err.to_string().contains("linux.resources.cpu.cpus"),
+            "{err}"
+        );
+        let err = Resources::from_json(b"{not json").expect_err("malformed");
+        assert!(
+            err.to_string().contains("LinuxResources is not valid"),
+            "{err}"
+        );
+        let err = Resources::from_json(br#"{"cpu":{"shares":"many"}}"#).expect_err("type");
+        assert!(matches!(err, RequestError::Json { .. }));
+        let huge = vec![b' '; (MAX_RESOURCES_BYTES + 1) as usize];
+        assert!(matches!(
+            Resources::from_json(&huge),
+            Err(RequestError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn classifies_updates() {
+        let old = res(
+            r#"{"cpu":{"shares":1024,"quota":100000,"period":100000,"cpus":"0-3","mems":"0"},"memory":{"limit":1073741824}}"#,
+        );
+        let cases = [
+            (r#"{"cpu":{"quota":200000}}"#, UpdateClass::Resize),
+            (r#"{"memory":{"limit":2147483648}}"#, UpdateClass::Resize),
+            (r#"{"cpu":{"cpus":"4-7"}}"#, UpdateClass::Cpuset),
+            (r#"{"cpu":{"mems":"1"}}"#, UpdateClass::Cpuset),
+            (
+                r#"{"cpu":{"cpus":"4-7","shares":2048}}"#,
+                UpdateClass::Mixed,
+            ),
+            (
+                r#"{"cpu":{"cpus":"0-3","quota":100000}}"#,
+                UpdateClass::Noop,
+            ),
+            (r#"{}"#, UpdateClass::Noop),
+        ];
+        for (update, want) in cases {
+            assert_eq!(old.classify(&res(update)), want, "{update}");
+        }
+        // A complete LinuxResources that repeats everything but the cpus is a cpuset push.
+        let full = res(
+            r#"{"cpu":{"shares":1024,"quota":100000,"period":100000,"cpus":"4-7","mems":"0"},"memory":{"limit":1073741824}}"#,
+        );
+        assert_eq!(old.classify(&full), UpdateClass::Cpuset);
+        let merged = old.merged(&res(r#"{"cpu":{"cpus":"4-7"}}"#));
+        assert_eq!(merged.cpus.map(|c| c.to_string()).as_deref(), Some("4-7"));
+        assert_eq!(merged.cpu_quota, Some(100_000));
+    }
+
+    #[test]
+    fn reads_a_cri_spec() {
+        let spec = ContainerSpec::from_json(
+            br#"{"ociVersion":"1.0.2","annotations":{
+                "io.kubernetes.cri.container-type":"container",
+                "io.kubernetes.cri.sandbox-id":"sb1","io.kubernetes.cri.container-name":"app",
+                "io.kubernetes.cri.sandbox-name":"pod","io.kubernetes.cri.sandbox-namespace":"ns",
+                "io.kubernetes.cri.sandbox-uid":"uid"},
+              "linux":{"resources":{"cpu":{"cpus":"0-1"}},
+                "devices":[{"path":"/dev/vfio/vfio","type":"c","major":10,"minor":196},
+                           {"path":"/dev/vfio/12","type":"c","major":240,"minor":0},
+                           {"path":"/dev/vfio/devices/vfio3","type":"c","major":239,"minor":3},
+                           {"path":"/dev/vfio/../../etc/passwd","type":"c","major":1,"minor":1}]}}"#,
+        )
+        .expect("valid spec");
+        assert_eq!(spec.kind, ContainerKind::Container);
+        assert_eq!(spec.sandbox_id.as_deref(), Some("sb1"));
+        assert_eq!(spec.container_name.as_deref(), Some("app"));
+        assert_eq!(spec.pod.namespace.as_deref(), Some("ns"));
+        assert_eq!(
+            spec.vfio,
+            vec![VfioRef::Group("12".into()), VfioRef::Device("vfio3".into())]
+        );
+        assert_eq!(spec.bad_devices.len(), 1);
+        assert!(spec.bad_devices[0].reason.contains("not a VFIO group"));
+    }
+
+    #[test]
+    fn rejects_malformed_specs() {
+        let err = ContainerSpec::from_json(b"[]").expect_err("not an object");
+        assert!(
+            err.to_string().starts_with("OCI spec is not valid"),
+            "{err}"
+        );
+        let err = ContainerSpec::from_json(
+            br#"{"ociVersion":"1","linux":{"resources":{"cpu":{"mems":"x"}}}}"#,
+        )
+        .expect_err("bad mems");
+        assert!(
+            err.to_string().contains("linux.resources.cpu.mems"),
+            "{err}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_json(s in "\\PC{0,200}") {
+            let _ = Resources::from_json(s.as_bytes());
+            let _ = ContainerSpec::from_json(s.as_bytes());
+        }
+
+        #[test]
+        fn never_panics_on_arbitrary_cpu_fields(cpus in "\\PC{0,30}", mems in "[0-9,\\-]{0,12}", quota in any::<i64>(), limit in any::<i64>()) {
+            let json = serde_json::json!({"cpu":{"cpus":cpus,"mems":mems,"quota":quota},"memory":{"limit":limit}});
+            if let Ok(r) = Resources::from_json(json.to_string().as_bytes()) {
+                prop_assert!(r.memory_limit.is_none_or(|l| l > 0));
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Findings and verdicts: the JSON the CLI prints, the event carries and the state file keeps
+//! (ARCHITECTURE.md section 6).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::intent::{Mode, Policy};
+
+/// What was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Operation {
+    /// The sandbox (pause) container's create.
+    Sandbox,
+    /// A container's first create in its sandbox.
+    Create,
+    /// A later create of the same container name in the same sandbox.
+    Recreate,
+    /// A resource update of a running container.
+    Update,
+}
+
+/// What an update changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpdateClass {
+    /// Quota, period, shares or memory limit changed (an in-place resize).
+    Resize,
+    /// Only `cpus`/`mems` changed (CPU-manager reconcile, NRI).
+    Cpuset,
+    /// Both.
+    Mixed,
+    /// Nothing changed.
+    Noop,
+}
+
+/// How bad a finding is; the policy decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Severity {
+    /// Worth knowing.
+    Info,
+    /// Placement is off but the policy tolerates it.
+    Warning,
+    /// The policy forbids it; enforce mode refuses the request.
+    Error,
+}
+
+/// Whether the request goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    /// Forwarded.
+    Allow,
+    /// Refused (enforce mode, at least one `error` finding).
+    Reject,
+}
+
+/// The rule ids (stable; monitoring matches on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// The cpuset names CPUs the host does not have, or that are offline.
+    CpuUnknown,
+    /// `single-numa-node`: the CPUs cover more than one NUMA node.
+    CpuSpansNuma,
+    /// CPUs on NUMA nodes outside the allowed ones.
+    CpuOutsideIntent,
+    /// `cpuset.mems` outside the allowed nodes, or not the nodes of the CPUs.
+    MemsMismatch,
+    /// The memory limit exceeds the memory of the allowed nodes.
+    MemoryExceedsNodes,
+    /// A VFIO device is local to a node that holds none of the container's CPUs.
+    VfioRemote,
+    /// A VFIO device's locality cannot be determined on a multi-node host.
+    VfioLocalityUnknown,
+    /// A VFIO group or device is gone or no longer bound to vfio-pci.
+    VfioMissing,
+    /// The host topology changed since the baseline.
+    TopologyDrift,
+    /// Kata pinning is configured but cannot hold.
+    VcpuPinningLost,
+    /// A vCPU thread may run on CPUs outside the allowed nodes.
+    VcpuAffinityDrift,
+    /// Several vCPU threads pinned to one host CPU.
+    VcpuOverlap,
+    /// Kata NUMA mode: a VFIO device's host node is not mapped into the guest.
+    GuestNumaUncovered,
+    /// The check itself could not run.
+    CheckFailed,
+    /// An annotation value is invalid.
+    IntentInvalid,
+}
+
+impl Rule {
+    /// The kebab-case id.
+    pub fn id(self) -> &'static str {
+        match self {
+            Self::CpuUnknown => "cpu-unknown",
+            Self::CpuSpansNuma => "cpu-spans-numa",
+            Self::CpuOutsideIntent => "cpu-outside-intent",
+            Self::MemsMismatch => "mems-mismatch",
+            Self::MemoryExceedsNodes => "memory-exceeds-nodes",
+            Self::VfioRemote => "vfio-remote",
+            Self::VfioLocalityUnknown => "vfio-locality-unknown",
+            Self::VfioMissing => "vfio-missing",
+            Self::TopologyDrift => "topology-drift",
+            Self::VcpuPinningLost => "vcpu-pinning-lost",
+            Self::VcpuAffinityDrift => "vcpu-affinity-drift",
+            Self::VcpuOverlap => "vcpu-overlap",
+            Self::GuestNumaUncovered => "guest-numa-uncovered",
+            Self::CheckFailed => "check-failed",
+            Self::IntentInvalid => "intent-invalid",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Error => "error",
+        })
+    }
+}
+
+/// One thing that does not match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The rule.
+    pub rule: Rule,
+    /// Its severity under the pod's policy.
+    pub severity: Severity,
+    /// What was expected, what was found, what to do.
+    pub message: String,
+    /// The expected state, as data.
+    pub expected: Value,
+    /// The observed state, as data.
+    pub observed: Value,
+}
+
+/// The pod a request belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    /// Pod name.
+    pub name: Option<String>,
+    /// Pod namespace.
+    pub namespace: Option<String>,
+    /// Pod UID.
+    pub uid: Option<String>,
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// What was checked.
+    pub operation: Operation,
+    /// The update class; `null` for creates.
+    pub class: Option<UpdateClass>,
+    /// The sandbox id.
+    pub sandbox_id: Option<String>,
+    /// The container (task) id.
+    pub container_id: Option<String>,
+    /// The container name (CRI).
+    pub container_name: Option<String>,
+    /// The pod.
+    pub pod: PodRef,
+    /// The policy applied.
+    pub policy: Policy,
+    /// The mode applied.
+    pub mode: Mode,
+    /// Whether the request goes through.
+    pub decision: Decision,
+    /// What does not match.
+    pub findings: Vec<Finding>,
+}
+
+impl Verdict {
+    /// Whether any finding is an `error`.
+    pub fn has_error(&self) -> bool {
+        self.findings.iter().any(|f| f.severity == Severity::Error)
+    }
+
+    /// Sets [`Verdict::decision`] from the mode and the findings: `reject` only in enforce
+    /// mode with an `error` finding.
+    pub fn decide(&mut self) {
+        self.decision = if self.mode == Mode::Enforce && self.has_error() {
+            Decision::Reject
+        } else {
+            Decision::Allow
+        };
+    }
+
+    /// One line per finding for people: `error vfio-remote: …`.
+    pub fn human(&self) -> String {
+        let mut out = format!(
+            "{} {}{} pod={}/{} container={} policy={} mode={} decision={}\n",
+            serde_plain(&self.operation),
+            self.class.map(|c| serde_plain(&c)).unwrap_or_default(),
+            if self.class.is_some() { " update" } else { "" },
+            self.pod.namespace.as_deref().unwrap_or("-"),
+            self.pod.name.as_deref().unwrap_or("-"),
+            self.container_name.as_deref().unwrap_or("-"),
+            serde_plain(&self.policy),
+            serde_plain(&self.mode),
+            serde_plain(&self.decision),
+        );
+        if self.findings.is_empty() {
+            out.push_str("  no findings: placement matches the pod's intent\n");
+        }
+        for f in &self.findings {
+            out.push_str(&format!("  {:<7} {}: {}\n", f.severity, f.rule, f.message));
+        }
+        out
+    }
+}
+
+/// The serde name of a unit enum value (`single-numa-node`).
+pub(crate) fn serde_plain<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(mode: Mode, severity: Severity) -> Verdict {
+        Verdict {
+            operation: Operation::Update,
+            class: Some(UpdateClass::Cpuset),
+            sandbox_id: Some("sb".into()),
+            container_id: None,
+            container_name: Some("app".into()),
+            pod: PodRef::default(),
+            policy: Policy::Restricted,
+            mode,
+            decision: Decision::Allow,
+            findings: vec![Finding {
+                rule: Rule::VfioRemote,
+                severity,
+                message: "m".into(),
+                expected: serde_json::json!({"numa_nodes": [1]}),
+                observed: serde_json::json!({"numa_nodes": [0]}),
+            }],
+        }
+    }
+
+    #[test]
+    fn reject_only_in_enforce_with_an_error() {
+        for (mode, sev, want) in [
+            (Mode::Enforce, Severity::Error, Decision::Reject),
+            (Mode::Enforce, Severity::Warning, Decision::Allow),
+            (Mode::Audit, Severity::Error, Decision::Allow),
+        ] {
+            let mut v = verdict(mode, sev);
+            v.decide();
+            assert_eq!(v.decision, want, "{mode:?} {sev:?}");
+        }
+    }
+
+    #[test]
+    fn json_shape_matches_the_contract() {
+        let v = verdict(Mode::Audit, Severity::Error);
+        let json = serde_json::to_value(&v).expect("serialise");
+        let keys: Vec<&str> = json
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        for key in [
+            "operation",
+            "class",
+            "sandbox_id",
+            "container_id",
+            "container_name",
+            "pod",
+            "policy",
+            "mode",
+            "decision",
+            "findings",
+        ] {
+            assert!(keys.contains(&key), "missing {key}");
+        }
+        assert_eq!(json["class"], "cpuset");
+        assert_eq!(json["policy"], "restricted");
+        assert_eq!(json["findings"][0]["rule"], "vfio-remote");
+        assert_eq!(json["findings"][0]["severity"], "error");
+        assert_eq!(json["container_id"], Value::Null);
+        let back: Verdict = serde_json::from_value(json).expect("round trip");
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn rule_ids_match_serde_names() {
+        for rule in [
+            Rule::CpuUnknown,
+            Rule::CpuSpansNuma,
+            Rule::CpuOutsideIntent,
+            Rule::MemsMismatch,
+            Rule::MemoryExceedsNodes,
+            Rule::VfioRemote,
+            Rule::VfioLocalityUnknown,
+            Rule::VfioMissing,
+            Rule::TopologyDrift,
+            Rule::VcpuPinningLost,
+            Rule::VcpuAffinityDrift,
+            Rule::VcpuOverlap,
+            Rule::GuestNumaUncovered,
+            Rule::CheckFailed,
+            Rule::IntentInvalid,
+        ] {
+            assert_eq!(serde_plain(&rule), rule.id());
+        }
+    }
+}
