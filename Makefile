@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # What building and testing need on Debian bookworm. hwlocality links the system hwloc 2.9
 # through `pkg-config --static`, which also wants libudev.
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2
 
 .PHONY: help deps build test lint unit bench demo clean
 

@@ -1,1 +1,122 @@
-fn main() {}
+//! `make bench`: the cost of one check with the topology already loaded (the request path),
+//! and of loading each topology (off the request path). Target: a check under 50 µs.
+
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use kata_topo::simulate::SysfsTree;
+use kata_topo::{
+    Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Sysfs, TopologySource,
+};
+
+fn xml(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hwloc/xml")
+        .join(name)
+}
+
+fn load(name: &str) -> Host {
+    Host::load(&TopologySource::Xml(xml(name))).expect("fixture loads")
+}
+
+fn spec(cpus: &str, groups: &[&str]) -> ContainerSpec {
+    let devices: Vec<_> = groups
+        .iter()
+        .map(|g| serde_json::json!({"path": format!("/dev/vfio/{g}"), "type": "c", "major": 240, "minor": 0}))
+        .collect();
+    let json = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "annotations": {
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": "sb", "io.kubernetes.cri.container-name": "app",
+            "kata-topo.io/policy": "single-numa-node"
+        },
+        "linux": {"resources": {"cpu": {"cpus": cpus, "mems": "4", "quota": 100000, "period": 100000}}, "devices": devices}
+    });
+    ContainerSpec::from_json(json.to_string().as_bytes()).expect("spec")
+}
+
+fn bench_check(
+    c: &mut Criterion,
+    name: &str,
+    host: &Host,
+    devices: &[(&str, i32, &str)],
+    cpus: &str,
+    push: &str,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = SysfsTree::at(dir.path().join("sys")).expect("tree");
+    for (bdf, node, group) in devices {
+        tree.add_device(
+            bdf.parse().expect("bdf"),
+            *node,
+            Some("vfio-pci"),
+            Some(group),
+        )
+        .expect("device");
+    }
+    let sysfs = Sysfs::new(tree.root());
+    let groups: Vec<&str> = devices.iter().map(|d| d.2).collect();
+    let spec = spec(cpus, &groups);
+    let update = Resources::from_json(format!(r#"{{"cpu":{{"cpus":"{push}"}}}}"#).as_bytes())
+        .expect("update");
+    let checker = Checker::new(host, Some(&sysfs), Defaults::default());
+    let baseline = checker.record_baseline(&spec);
+    let request = Request {
+        spec: &spec,
+        update: Some(&update),
+        current: None,
+        baseline: Some(&baseline),
+        container_id: Some("c"),
+        overrides: Overrides::default(),
+    };
+    assert!(
+        !checker.check(&request).findings.is_empty(),
+        "the push must be a finding"
+    );
+    c.bench_function(&format!("check update {name}"), |b| {
+        b.iter(|| std::hint::black_box(checker.check(std::hint::black_box(&request))))
+    });
+}
+
+fn checks(c: &mut Criterion) {
+    let big = load("192em64t-24n8c2t.xml");
+    let node4 = big.node(4).expect("node 4").cpus.to_string();
+    let node6 = big.node(6).expect("node 6").cpus.to_string();
+    bench_check(
+        c,
+        "192em64t-24n8c2t (2 VFIO devices)",
+        &big,
+        &[("0002:03:00.0", 4, "30"), ("0002:04:00.0", 4, "31")],
+        &node4,
+        &node6,
+    );
+    let dgx = load("nvidiaDGX2.xml");
+    bench_check(
+        c,
+        "nvidiaDGX2 (2 GPUs)",
+        &dgx,
+        &[("0000:34:00.0", 0, "10"), ("0000:36:00.0", 0, "11")],
+        "0-1",
+        "24-25",
+    );
+}
+
+fn loads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("load");
+    group.sample_size(20);
+    for name in [
+        "192em64t-24n8c2t.xml",
+        "nvidiaDGX2.xml",
+        "16intel64-manyVFs.xml",
+        "64intel64-fakeKNL-SNC4-hybrid.xml",
+        "fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml",
+    ] {
+        let path = TopologySource::Xml(xml(name));
+        group.bench_function(name, |b| b.iter(|| Host::load(&path).expect("load")));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, checks, loads);
+criterion_main!(benches);

@@ -277,10 +277,12 @@ impl Sysfs {
     /// What sysfs says about one PCI device, or `Ok(None)` when it is not there.
     pub fn device(&self, bdf: Bdf) -> Result<Option<DeviceState>, SysfsError> {
         let base = format!("bus/pci/devices/{bdf}");
-        if self.resolve(&base)?.is_none() {
+        let numa_text = self.read_attr(&format!("{base}/numa_node"))?;
+        // Only when `numa_node` is absent is it worth asking whether the device is there.
+        if numa_text.is_none() && self.resolve(&base)?.is_none() {
             return Ok(None);
         }
-        let numa_node = match self.read_attr(&format!("{base}/numa_node"))? {
+        let numa_node = match numa_text {
             None => None,
             Some(text) => Some(text.parse::<i32>().map_err(|_| SysfsError::Malformed {
                 path: self.root.join(&base).join("numa_node"),

@@ -202,11 +202,13 @@ impl Verdict {
 
     /// One line per finding for people: `error vfio-remote: …`.
     pub fn human(&self) -> String {
+        let class = self
+            .class
+            .map(|c| format!(" ({})", serde_plain(&c)))
+            .unwrap_or_default();
         let mut out = format!(
-            "{} {}{} pod={}/{} container={} policy={} mode={} decision={}\n",
+            "{}{class}: pod={}/{} container={} policy={} mode={} decision={}\n",
             serde_plain(&self.operation),
-            self.class.map(|c| serde_plain(&c)).unwrap_or_default(),
-            if self.class.is_some() { " update" } else { "" },
             self.pod.namespace.as_deref().unwrap_or("-"),
             self.pod.name.as_deref().unwrap_or("-"),
             self.container_name.as_deref().unwrap_or("-"),

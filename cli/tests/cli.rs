@@ -1,0 +1,397 @@
+//! The built `kata-topo` binary end to end: exit codes 0/1/2, JSON shapes, error messages, the
+//! bundled scenario, and hwloc's Linux backend on real sysfs/procfs snapshots.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("topology/tests/fixtures/hwloc").join(name)
+}
+
+fn scenario(name: &str) -> PathBuf {
+    repo().join("scenario").join(name)
+}
+
+fn kata_topo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(args)
+        .output()
+        .expect("run kata-topo")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exit code")
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn topology_json_shape_on_dgx2() {
+    let xml = fixture("xml/nvidiaDGX2.xml");
+    let out = kata_topo(&["topology", "--topology", s(&xml), "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    let nodes = json["numa_nodes"].as_array().expect("numa_nodes");
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0]["os_index"], 0);
+    assert_eq!(nodes[0]["cpus"], "0-1");
+    assert!(nodes[0]["memory_bytes"].as_u64().expect("memory") > 0);
+    let gpu = json["pci_devices"]
+        .as_array()
+        .expect("pci_devices")
+        .iter()
+        .find(|d| d["bus_id"] == "0000:b7:00.0")
+        .expect("GPU b7:00.0");
+    assert_eq!(gpu["class_id"], "0302");
+    assert_eq!(gpu["vendor_id"], "10de");
+    assert_eq!(gpu["device_id"], "1db8");
+    assert_eq!(gpu["numa_nodes"], serde_json::json!([1]));
+    assert_eq!(gpu["vfio_group"], Value::Null);
+}
+
+#[test]
+fn topology_unknown_locality_is_null() {
+    let xml = fixture("xml/fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml");
+    let out = kata_topo(&["topology", "--topology", s(&xml), "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    let devices = json["pci_devices"].as_array().expect("devices");
+    assert!(!devices.is_empty());
+    assert!(devices.iter().all(|d| d["numa_nodes"].is_null()));
+}
+
+#[test]
+fn topology_shows_vfio_groups_from_sysfs() {
+    let out = kata_topo(&[
+        "topology",
+        "--topology",
+        s(&scenario("two-node-host.xml")),
+        "--sysfs",
+        s(&scenario("sysfs")),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    let by_id = |id: &str| {
+        json["pci_devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .find(|d| d["bus_id"] == id)
+            .cloned()
+            .expect("device")
+    };
+    assert_eq!(by_id("0000:b7:00.0")["vfio_group"], "42");
+    assert_eq!(by_id("0000:b7:00.0")["numa_nodes"], serde_json::json!([1]));
+    // Bound to its own driver, not vfio-pci: no group shown.
+    assert_eq!(by_id("0000:b8:00.0")["vfio_group"], Value::Null);
+    assert_eq!(by_id("0000:b8:00.0")["driver"], "mlx5_core");
+    // Human output names the same.
+    let out = kata_topo(&[
+        "topology",
+        "--topology",
+        s(&scenario("two-node-host.xml")),
+        "--sysfs",
+        s(&scenario("sysfs")),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("0000:b7:00.0") && text.contains("vfio group 42"),
+        "{text}"
+    );
+}
+
+/// Unpacks one of hwloc's sysfs/procfs snapshots.
+fn snapshot(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = fixture(&format!("fsroot/{name}.tar.bz2"));
+    let status = Command::new("tar")
+        .arg("-xjf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .expect("run tar (needs bzip2)");
+    assert!(status.success(), "unpacking {}", archive.display());
+    let root = std::fs::read_dir(dir.path())
+        .expect("read")
+        .next()
+        .expect("one directory")
+        .expect("entry")
+        .path();
+    (dir, root)
+}
+
+fn live_topology_of(root: &Path, extra_env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kata-topo"));
+    cmd.args(["topology", "--json", "--sysfs", s(&root.join("sys"))])
+        .env("HWLOC_FSROOT", root)
+        .env("HWLOC_COMPONENTS", "linux,stop");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run kata-topo")
+}
+
+#[test]
+fn linux_backend_on_a_snapshot_with_offline_cpus_and_node() {
+    let (_dir, root) = snapshot("offline-cpu0-node0");
+    let out = live_topology_of(&root, &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    let offline =
+        kata_topo::IdSet::parse(json["offline_cpus"].as_str().expect("offline")).expect("list");
+    assert!(offline.contains(0), "CPU 0 is offline: {json}");
+    let nodes: Vec<u64> = json["numa_nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["os_index"].as_u64().expect("index"))
+        .collect();
+    assert!(!nodes.contains(&0), "node 0 is offline: {nodes:?}");
+}
+
+#[test]
+fn linux_backend_sees_the_whole_machine_inside_a_cgroup() {
+    let (_dir, root) = snapshot("32amd64-4s2n4c-cgroup2");
+    let out = live_topology_of(&root, &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    assert_eq!(json["online_cpus"], "0-31");
+    assert_eq!(json["numa_nodes"].as_array().expect("nodes").len(), 8);
+}
+
+#[test]
+fn linux_backend_numa_node_minus_one_is_unknown() {
+    let (_dir, root) = snapshot("40intel64-2g2n4c+pcilocality");
+    // The snapshot's own test forces locality near the packages; sysfs still says -1.
+    let forced = "# near 1st package;0000:00-09 0x00000055,0x55555555;# near 2nd package;0000:40-46 0x000000aa,0xaaaaaaaa";
+    let out = live_topology_of(&root, &[("HWLOC_PCI_LOCALITY", forced)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let json = stdout_json(&out);
+    let dev = json["pci_devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .find(|d| d["bus_id"] == "0000:02:00.0")
+        .cloned()
+        .expect("0000:02:00.0");
+    assert_eq!(dev["numa_nodes"], Value::Null);
+    assert!(dev["locality_unknown_reason"]
+        .as_str()
+        .expect("reason")
+        .contains("-1"));
+}
+
+fn check(args: &[&str]) -> Output {
+    let host = s(&scenario("two-node-host.xml")).to_string();
+    let sysfs = s(&scenario("sysfs")).to_string();
+    let mut all = vec!["check", "--topology", &host, "--sysfs", &sysfs];
+    all.extend_from_slice(args);
+    kata_topo(&all)
+}
+
+#[test]
+fn check_exit_codes_and_verdict_json() {
+    let spec = scenario("trainer.json");
+    let out = check(&["--spec", s(&spec), "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["operation"], "create");
+    assert_eq!(v["class"], Value::Null);
+    assert_eq!(v["decision"], "allow");
+    assert_eq!(v["policy"], "single-numa-node");
+    assert_eq!(v["pod"]["namespace"], "ml");
+    assert_eq!(v["findings"], serde_json::json!([]));
+
+    let out = check(&[
+        "--spec",
+        s(&spec),
+        "--update",
+        s(&scenario("cpuset-push.json")),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1);
+    let v = stdout_json(&out);
+    assert_eq!(v["operation"], "update");
+    assert_eq!(v["class"], "cpuset");
+    assert_eq!(v["decision"], "allow");
+    let rules: Vec<&str> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f["rule"].as_str().expect("rule"))
+        .collect();
+    assert_eq!(
+        rules,
+        vec!["cpu-outside-intent", "mems-mismatch", "vfio-remote"]
+    );
+    for f in v["findings"].as_array().expect("findings") {
+        for key in ["rule", "severity", "message", "expected", "observed"] {
+            assert!(f.get(key).is_some(), "finding lacks {key}: {f}");
+        }
+    }
+
+    let out = check(&[
+        "--spec",
+        s(&spec),
+        "--update",
+        s(&scenario("cpuset-push.json")),
+        "--mode",
+        "enforce",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1);
+    assert_eq!(stdout_json(&out)["decision"], "reject");
+
+    // --policy overrides the annotation: under none, the push is not a finding.
+    let out = check(&[
+        "--spec",
+        s(&spec),
+        "--update",
+        s(&scenario("cpuset-push.json")),
+        "--policy",
+        "none",
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn check_records_a_baseline_and_holds_a_recreate_to_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let baseline = dir.path().join("baseline.json");
+    let out = check(&[
+        "--spec",
+        s(&scenario("trainer.json")),
+        "--record-baseline",
+        s(&baseline),
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let b: Value =
+        serde_json::from_slice(&std::fs::read(&baseline).expect("baseline")).expect("json");
+    assert_eq!(b["cpus"], "1");
+    assert_eq!(b["cpu_nodes"], "1");
+    assert_eq!(b["devices"][0]["bus_id"], "0000:b7:00.0");
+    assert_eq!(b["container_name"], "trainer");
+
+    let out = check(&[
+        "--spec",
+        s(&scenario("trainer-recreated.json")),
+        "--baseline",
+        s(&baseline),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1);
+    let v = stdout_json(&out);
+    assert_eq!(v["operation"], "recreate");
+    assert!(v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .any(|f| f["rule"] == "cpu-spans-numa"));
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_naming_it() {
+    let out = check(&["--spec", "/nonexistent/config.json"]);
+    assert_eq!(code(&out), 2);
+    let err = stderr(&out);
+    assert!(err.contains("/nonexistent/config.json"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("config.json");
+    std::fs::write(&bad, "{\"ociVersion\": 1.0.2").expect("write");
+    let out = check(&["--spec", s(&bad)]);
+    assert_eq!(code(&out), 2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("OCI spec is not valid") && err.contains("config.json"),
+        "{err}"
+    );
+
+    std::fs::write(&bad, br#"{"cpu":{"cpus":"9-2"}}"#).expect("write");
+    let out = check(&["--spec", s(&scenario("trainer.json")), "--update", s(&bad)]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("linux.resources.cpu.cpus"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = kata_topo(&["topology", "--topology", s(&bad)]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("hwloc could not load"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Usage errors: clap's message, exit 2.
+    assert_eq!(code(&kata_topo(&["check"])), 2);
+    assert_eq!(
+        code(&check(&[
+            "--spec",
+            s(&scenario("trainer.json")),
+            "--policy",
+            "strict"
+        ])),
+        2
+    );
+    assert_eq!(code(&kata_topo(&["frobnicate"])), 2);
+}
+
+#[test]
+fn invalid_annotation_is_an_error_finding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(scenario("trainer.json")).expect("read"))
+            .expect("json");
+    spec["annotations"]["kata-topo.io/numa-nodes"] = Value::from("../../1");
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, spec.to_string()).expect("write");
+    let out = check(&["--spec", s(&path), "--json"]);
+    assert_eq!(code(&out), 1);
+    let v = stdout_json(&out);
+    let f = &v["findings"][0];
+    assert_eq!(f["rule"], "intent-invalid");
+    assert_eq!(f["severity"], "error");
+    assert!(f["message"]
+        .as_str()
+        .expect("message")
+        .contains("kata-topo.io/numa-nodes=\"../../1\""));
+}
+
+#[test]
+fn version_flag() {
+    for flag in ["-v", "--version", "-V"] {
+        let out = kata_topo(&[flag]);
+        assert_eq!(code(&out), 0);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("kata-topo 0."),
+            "{flag}"
+        );
+    }
+}

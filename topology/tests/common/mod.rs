@@ -1,0 +1,202 @@
+//! Shared helpers for the core's tests: real hwloc topologies from hwloc's own test suite
+//! (`tests/fixtures/hwloc`), sysfs trees built in temporary directories, and OCI specs.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kata_topo::simulate::SysfsTree;
+use kata_topo::{
+    Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Rule,
+    Severity, Sysfs, TopologySource, Verdict,
+};
+use serde_json::json;
+
+/// A fixture XML by file name.
+pub fn xml(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hwloc/xml")
+        .join(name);
+    assert!(path.is_file(), "fixture {} is missing", path.display());
+    path
+}
+
+/// Loads a fixture topology.
+pub fn host(name: &str) -> Host {
+    Host::load(&TopologySource::Xml(xml(name))).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A sysfs tree in a temporary directory.
+pub struct Tree {
+    pub dir: tempfile::TempDir,
+    pub tree: SysfsTree,
+}
+
+impl Tree {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = SysfsTree::at(dir.path().join("sys")).expect("tree");
+        Self { dir, tree }
+    }
+
+    /// A device bound to vfio-pci in its own group.
+    pub fn vfio(self, bdf: &str, node: i32, group: &str) -> Self {
+        self.tree
+            .add_device(
+                bdf.parse().expect("bdf"),
+                node,
+                Some("vfio-pci"),
+                Some(group),
+            )
+            .expect("device");
+        self
+    }
+
+    pub fn sysfs(&self) -> Sysfs {
+        Sysfs::new(self.tree.root())
+    }
+}
+
+pub fn bdf(s: &str) -> Bdf {
+    s.parse().expect("bdf")
+}
+
+/// A CRI container spec.
+pub struct SpecBuilder {
+    annotations: BTreeMap<String, String>,
+    cpu: serde_json::Map<String, serde_json::Value>,
+    memory_limit: Option<i64>,
+    devices: Vec<String>,
+    sandbox: bool,
+}
+
+pub fn spec() -> SpecBuilder {
+    SpecBuilder {
+        annotations: BTreeMap::new(),
+        cpu: serde_json::Map::new(),
+        memory_limit: None,
+        devices: Vec::new(),
+        sandbox: false,
+    }
+}
+
+impl SpecBuilder {
+    pub fn cpus(mut self, cpus: &str) -> Self {
+        self.cpu.insert("cpus".into(), json!(cpus));
+        self
+    }
+    pub fn mems(mut self, mems: &str) -> Self {
+        self.cpu.insert("mems".into(), json!(mems));
+        self
+    }
+    pub fn memory(mut self, bytes: i64) -> Self {
+        self.memory_limit = Some(bytes);
+        self
+    }
+    pub fn device(mut self, path: &str) -> Self {
+        self.devices.push(path.to_string());
+        self
+    }
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+    pub fn policy(self, policy: &str) -> Self {
+        self.annotation("kata-topo.io/policy", policy)
+    }
+    pub fn nodes(self, nodes: &str) -> Self {
+        self.annotation("kata-topo.io/numa-nodes", nodes)
+    }
+    pub fn sandbox(mut self) -> Self {
+        self.sandbox = true;
+        self
+    }
+    pub fn json(&self) -> serde_json::Value {
+        let mut annotations = self.annotations.clone();
+        annotations.insert(
+            "io.kubernetes.cri.container-type".into(),
+            if self.sandbox { "sandbox" } else { "container" }.into(),
+        );
+        annotations.insert("io.kubernetes.cri.sandbox-id".into(), "sb-1".into());
+        annotations.insert("io.kubernetes.cri.sandbox-name".into(), "gpu-pod".into());
+        annotations.insert("io.kubernetes.cri.sandbox-namespace".into(), "ml".into());
+        annotations.insert("io.kubernetes.cri.sandbox-uid".into(), "uid-1".into());
+        if !self.sandbox {
+            annotations.insert("io.kubernetes.cri.container-name".into(), "trainer".into());
+        }
+        let mut resources = json!({"cpu": self.cpu});
+        if let Some(limit) = self.memory_limit {
+            resources["memory"] = json!({"limit": limit});
+        }
+        let devices: Vec<_> = self
+            .devices
+            .iter()
+            .map(|p| json!({"path": p, "type": "c", "major": 240, "minor": 0}))
+            .collect();
+        json!({
+            "ociVersion": "1.0.2",
+            "annotations": annotations,
+            "linux": {"resources": resources, "devices": devices}
+        })
+    }
+    pub fn build(&self) -> ContainerSpec {
+        ContainerSpec::from_json(self.json().to_string().as_bytes()).expect("spec")
+    }
+}
+
+pub fn resources(json: serde_json::Value) -> Resources {
+    Resources::from_json(json.to_string().as_bytes()).expect("resources")
+}
+
+/// Checks a create.
+pub fn create(host: &Host, sysfs: Option<&Sysfs>, spec: &ContainerSpec) -> Verdict {
+    Checker::new(host, sysfs, Defaults::default()).check(&Request::create(spec))
+}
+
+/// Checks an update against a baseline recorded from the spec's create.
+pub fn update(
+    host: &Host,
+    sysfs: Option<&Sysfs>,
+    spec: &ContainerSpec,
+    update: &Resources,
+) -> Verdict {
+    let checker = Checker::new(host, sysfs, Defaults::default());
+    let baseline = checker.record_baseline(spec);
+    checker.check(&Request {
+        spec,
+        update: Some(update),
+        current: None,
+        baseline: Some(&baseline),
+        container_id: Some("c-1"),
+        overrides: Overrides::default(),
+    })
+}
+
+/// Checks a recreate against a baseline.
+pub fn recreate(
+    host: &Host,
+    sysfs: Option<&Sysfs>,
+    spec: &ContainerSpec,
+    baseline: &Baseline,
+) -> Verdict {
+    let checker = Checker::new(host, sysfs, Defaults::default());
+    checker.check(&Request {
+        baseline: Some(baseline),
+        ..Request::create(spec)
+    })
+}
+
+/// The rules found, with severities, sorted.
+pub fn rules(v: &Verdict) -> Vec<(Rule, Severity)> {
+    let mut r: Vec<_> = v.findings.iter().map(|f| (f.rule, f.severity)).collect();
+    r.sort();
+    r
+}
+
+/// The one finding of a rule.
+pub fn finding(v: &Verdict, rule: Rule) -> &kata_topo::Finding {
+    let found: Vec<_> = v.findings.iter().filter(|f| f.rule == rule).collect();
+    assert_eq!(found.len(), 1, "want one {rule} in {:#?}", v.findings);
+    found[0]
+}

@@ -1,0 +1,547 @@
+//! Every rule, positive and negative, on real machine topologies from hwloc's test suite.
+
+mod common;
+
+use common::*;
+use kata_topo::{Decision, Defaults, Mode, Operation, Policy, Rule, Severity, UpdateClass};
+use serde_json::json;
+
+use Rule::*;
+use Severity::{Error, Warning};
+
+const DGX2: &str = "nvidiaDGX2.xml";
+const VFS: &str = "16intel64-manyVFs.xml";
+const INTERLEAVED: &str = "24em64t-2n6c2t-pci.xml";
+
+/// DGX-2: GPU 0000:34:00.0 hangs under node 0, 0000:b7:00.0 under node 1.
+fn dgx2_tree() -> Tree {
+    Tree::new()
+        .vfio("0000:34:00.0", 0, "10")
+        .vfio("0000:b7:00.0", 1, "20")
+}
+
+#[test]
+fn dgx2_local_gpu_is_clean_and_remote_gpu_is_an_error() {
+    let host = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let local = spec().cpus("0-1").mems("0").device("/dev/vfio/10").build();
+    let v = create(&host, Some(&sysfs), &local);
+    assert_eq!(rules(&v), vec![], "{:#?}", v.findings);
+    assert_eq!(v.operation, Operation::Create);
+    assert_eq!(v.decision, Decision::Allow);
+
+    let remote = spec().cpus("0-1").device("/dev/vfio/20").build();
+    let v = create(&host, Some(&sysfs), &remote);
+    assert_eq!(rules(&v), vec![(VfioRemote, Error)]);
+    let f = finding(&v, VfioRemote);
+    assert_eq!(f.expected, json!({"numa_nodes": [0]}));
+    assert_eq!(f.observed["numa_nodes"], json!([1]));
+    assert_eq!(f.observed["device"], json!("0000:b7:00.0"));
+    assert!(
+        f.message.contains("0000:b7:00.0") && f.message.contains("node 1"),
+        "{}",
+        f.message
+    );
+}
+
+#[test]
+fn dgx2_cpuset_push_to_the_other_socket_is_caught_and_refused_in_enforce() {
+    let host = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let spec_ = spec().cpus("0-1").mems("0").device("/dev/vfio/10").build();
+    let push = resources(json!({"cpu": {"cpus": "24-25", "mems": "1"}}));
+    let v = update(&host, Some(&sysfs), &spec_, &push);
+    assert_eq!(v.operation, Operation::Update);
+    assert_eq!(v.class, Some(UpdateClass::Cpuset));
+    assert_eq!(
+        rules(&v),
+        vec![
+            (CpuOutsideIntent, Error),
+            (MemsMismatch, Error),
+            (VfioRemote, Error)
+        ]
+    );
+    assert_eq!(v.decision, Decision::Allow, "audit mode never refuses");
+    assert_eq!(
+        finding(&v, CpuOutsideIntent).expected,
+        json!({"numa_nodes": [0]})
+    );
+
+    let enforcing = spec()
+        .cpus("0-1")
+        .mems("0")
+        .device("/dev/vfio/10")
+        .annotation("kata-topo.io/mode", "enforce")
+        .build();
+    let v = update(&host, Some(&sysfs), &enforcing, &push);
+    assert_eq!(v.mode, Mode::Enforce);
+    assert_eq!(v.decision, Decision::Reject);
+
+    // A resize that keeps the cpuset is allowed even in enforce mode.
+    let resize = resources(json!({"cpu": {"quota": 300000, "period": 100000}}));
+    let v = update(&host, Some(&sysfs), &enforcing, &resize);
+    assert_eq!(v.class, Some(UpdateClass::Resize));
+    assert_eq!(rules(&v), vec![]);
+    assert_eq!(v.decision, Decision::Allow);
+}
+
+#[test]
+fn sriov_vfs_on_node_1() {
+    let host = host(VFS);
+    let tree = Tree::new().vfio("0000:88:00.1", 1, "40");
+    tree.tree
+        .add_device(bdf("0000:88:00.2"), 1, Some("vfio-pci"), Some("41"))
+        .expect("device");
+    tree.tree
+        .add_iommufd("vfio3", bdf("0000:88:00.2"))
+        .expect("iommufd");
+    let sysfs = tree.sysfs();
+    let ok = spec()
+        .cpus("8-15")
+        .device("/dev/vfio/40")
+        .device("/dev/vfio/devices/vfio3")
+        .build();
+    assert_eq!(rules(&create(&host, Some(&sysfs), &ok)), vec![]);
+    let bad = spec().cpus("0-7").device("/dev/vfio/devices/vfio3").build();
+    let v = create(&host, Some(&sysfs), &bad);
+    assert_eq!(rules(&v), vec![(VfioRemote, Error)]);
+    assert_eq!(
+        finding(&v, VfioRemote).observed["device"],
+        json!("0000:88:00.2")
+    );
+}
+
+#[test]
+fn vfio_missing_when_unbound_gone_or_malformed() {
+    let host = host(VFS);
+    let tree = Tree::new().vfio("0000:88:00.1", 1, "40");
+    let sysfs = tree.sysfs();
+    let s = spec().cpus("8-15").device("/dev/vfio/40").build();
+    assert_eq!(rules(&create(&host, Some(&sysfs), &s)), vec![]);
+
+    tree.tree.unbind(bdf("0000:88:00.1")).expect("unbind");
+    let v = create(&host, Some(&sysfs), &s);
+    assert_eq!(rules(&v), vec![(VfioMissing, Error)]);
+    assert!(finding(&v, VfioMissing)
+        .message
+        .contains("instead of vfio-pci"));
+
+    let gone = spec().cpus("8-15").device("/dev/vfio/99").build();
+    let v = create(&host, Some(&sysfs), &gone);
+    assert_eq!(rules(&v), vec![(VfioMissing, Error)]);
+    assert!(finding(&v, VfioMissing).message.contains("IOMMU group 99"));
+
+    let odd = spec()
+        .cpus("8-15")
+        .device("/dev/vfio/../../etc/passwd")
+        .build();
+    let v = create(&host, Some(&sysfs), &odd);
+    assert_eq!(rules(&v), vec![(VfioMissing, Error)]);
+
+    // best-effort never errors, but still reports the hard failure.
+    let be = spec()
+        .cpus("8-15")
+        .device("/dev/vfio/99")
+        .policy("best-effort")
+        .build();
+    assert_eq!(
+        rules(&create(&host, Some(&sysfs), &be)),
+        vec![(VfioMissing, Warning)]
+    );
+}
+
+#[test]
+fn interleaved_numbering_is_not_mistaken_for_ranges() {
+    let host = host(INTERLEAVED);
+    // Even PUs are node 0: 0,2,4 is one node; 0-1 is two.
+    let one = spec().cpus("0,2,4").policy("single-numa-node").build();
+    assert_eq!(rules(&create(&host, None, &one)), vec![]);
+    let two = spec().cpus("0-1").policy("single-numa-node").build();
+    let v = create(&host, None, &two);
+    assert_eq!(rules(&v), vec![(CpuSpansNuma, Error)]);
+    assert_eq!(
+        finding(&v, CpuSpansNuma).observed["numa_nodes"],
+        json!([0, 1])
+    );
+    // restricted does not demand one node, but holds to the named ones.
+    let restricted = spec().cpus("0-3").nodes("0").build();
+    let v = create(&host, None, &restricted);
+    assert_eq!(rules(&v), vec![(CpuOutsideIntent, Error)]);
+    assert_eq!(
+        finding(&v, CpuOutsideIntent).observed["outside_cpus"],
+        json!("1,3")
+    );
+}
+
+#[test]
+fn sub_numa_clustering_device_local_to_one_domain() {
+    // Cluster-on-Die: four nodes on two packages; 0000:01:00.0 is local to node 0 only.
+    let host = host("28intel64-2p2g7c-CoDgroups.v1tov2.xml");
+    let tree = Tree::new().vfio("0000:01:00.0", 0, "7");
+    let sysfs = tree.sysfs();
+    let same = spec().cpus("0-6").device("/dev/vfio/7").build();
+    assert_eq!(rules(&create(&host, Some(&sysfs), &same)), vec![]);
+    // Same package, other SNC domain: remote all the same.
+    let sibling = spec().cpus("7-13").device("/dev/vfio/7").build();
+    assert_eq!(
+        rules(&create(&host, Some(&sysfs), &sibling)),
+        vec![(VfioRemote, Error)]
+    );
+}
+
+#[test]
+fn cpuless_knl_memory_nodes() {
+    let host = host("64intel64-fakeKNL-SNC4-hybrid.xml");
+    let mcdram_of_node0 = host
+        .nodes
+        .iter()
+        .find(|n| n.cpus.is_empty() && n.local_cpus.contains(0))
+        .expect("an MCDRAM node near CPU 0")
+        .os_index;
+    assert_eq!(host.nodes.iter().filter(|n| n.cpus.is_empty()).count(), 4);
+    // CPUs 0-3 with their DDR node and their MCDRAM: one node as far as CPUs go.
+    let near = spec()
+        .cpus("0-3")
+        .mems(&format!("0,{mcdram_of_node0}"))
+        .policy("single-numa-node")
+        .build();
+    assert_eq!(rules(&create(&host, None, &near)), vec![]);
+    // Another cluster's MCDRAM is remote memory.
+    let far_mcdram = host
+        .nodes
+        .iter()
+        .find(|n| n.cpus.is_empty() && !n.local_cpus.contains(0))
+        .expect("a far MCDRAM node")
+        .os_index;
+    let far = spec().cpus("0-3").mems(&format!("0,{far_mcdram}")).build();
+    let v = create(&host, None, &far);
+    assert_eq!(rules(&v), vec![(MemsMismatch, Error)]);
+    assert!(finding(&v, MemsMismatch)
+        .message
+        .contains("remote to CPUs 0-3"));
+}
+
+#[test]
+fn offline_and_nonexistent_cpus() {
+    let host = host("16em64t-4s2c2t-offlines.xml");
+    let v = create(&host, None, &spec().cpus("0-2").build());
+    assert_eq!(rules(&v), vec![(CpuUnknown, Error)]);
+    let f = finding(&v, CpuUnknown);
+    assert_eq!(f.observed["offline"], json!("2"));
+    assert_eq!(f.observed["nonexistent"], json!(""));
+    let v = create(&host, None, &spec().cpus("0,99").build());
+    assert_eq!(finding(&v, CpuUnknown).observed["nonexistent"], json!("99"));
+    // A hard error even under policy none.
+    let none = spec().cpus("5").policy("none").build();
+    assert_eq!(
+        rules(&create(&host, None, &none)),
+        vec![(CpuUnknown, Error)]
+    );
+    assert_eq!(
+        rules(&create(&host, None, &spec().cpus("0-1,3").build())),
+        vec![]
+    );
+}
+
+#[test]
+fn no_locality_machine_is_unknown_never_remote() {
+    let host = host("fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml");
+    let tree = Tree::new().vfio("0000:02:00.0", 2, "15");
+    let sysfs = tree.sysfs();
+    for cpus in ["0,4,8", "1,5", "2,6", "3"] {
+        let v = create(
+            &host,
+            Some(&sysfs),
+            &spec().cpus(cpus).device("/dev/vfio/15").build(),
+        );
+        assert_eq!(
+            rules(&v),
+            vec![(VfioLocalityUnknown, Warning)],
+            "cpus {cpus}"
+        );
+    }
+    // sysfs numa_node -1 makes even a device hwloc places somewhere unknown.
+    let dgx = common::host(DGX2);
+    let tree = Tree::new().vfio("0000:b7:00.0", -1, "20");
+    let v = create(
+        &dgx,
+        Some(&tree.sysfs()),
+        &spec().cpus("0-1").device("/dev/vfio/20").build(),
+    );
+    assert_eq!(rules(&v), vec![(VfioLocalityUnknown, Warning)]);
+    assert!(finding(&v, VfioLocalityUnknown)
+        .message
+        .contains("numa_node is -1"));
+}
+
+#[test]
+fn big_machine_with_devices_in_several_pci_domains() {
+    let host = host("192em64t-24n8c2t.xml");
+    assert_eq!(host.nodes.len(), 24);
+    assert_eq!(host.online_cpus.len(), 384);
+    let tree = Tree::new()
+        .vfio("0002:03:00.0", 4, "30")
+        .vfio("0003:01:00.0", 6, "31");
+    let sysfs = tree.sysfs();
+    let node4 = host.node(4).expect("node 4").cpus.to_string();
+    let ok = spec().cpus(&node4).device("/dev/vfio/30").build();
+    assert_eq!(rules(&create(&host, Some(&sysfs), &ok)), vec![]);
+    let v = create(
+        &host,
+        Some(&sysfs),
+        &spec().cpus(&node4).device("/dev/vfio/31").build(),
+    );
+    assert_eq!(rules(&v), vec![(VfioRemote, Error)]);
+    assert_eq!(
+        finding(&v, VfioRemote).observed["device"],
+        json!("0003:01:00.0")
+    );
+    assert_eq!(finding(&v, VfioRemote).observed["numa_nodes"], json!([6]));
+}
+
+#[test]
+fn memory_limit_against_node_memory() {
+    let host = host(VFS);
+    let node1 = host.node(1).expect("node 1").memory_bytes as i64;
+    let fits = spec().cpus("8-15").mems("1").memory(node1 / 2).build();
+    assert_eq!(rules(&create(&host, None, &fits)), vec![]);
+    let too_big = spec()
+        .cpus("8-15")
+        .mems("1")
+        .memory(node1 + (1 << 30))
+        .build();
+    let v = create(&host, None, &too_big);
+    assert_eq!(rules(&v), vec![(MemoryExceedsNodes, Error)]);
+    assert_eq!(
+        finding(&v, MemoryExceedsNodes).expected["max_bytes"],
+        json!(node1)
+    );
+    // Without mems, the allowed nodes of the annotation bound it.
+    let by_intent = spec()
+        .cpus("8-15")
+        .nodes("1")
+        .memory(node1 + (1 << 30))
+        .build();
+    assert_eq!(
+        rules(&create(&host, None, &by_intent)),
+        vec![(MemoryExceedsNodes, Error)]
+    );
+    // Nothing bounds it: no finding.
+    let free = spec().cpus("8-15").memory(node1 * 4).build();
+    assert_eq!(rules(&create(&host, None, &free)), vec![]);
+}
+
+#[test]
+fn mems_must_match_cpus_and_intent() {
+    let host = host(VFS);
+    let v = create(&host, None, &spec().cpus("0-7").mems("1").build());
+    assert_eq!(rules(&v), vec![(MemsMismatch, Error)]);
+    assert_eq!(
+        finding(&v, MemsMismatch).expected,
+        json!({"numa_nodes": [0]})
+    );
+    let v = create(
+        &host,
+        None,
+        &spec().cpus("0-7").mems("0-1").nodes("0").build(),
+    );
+    assert_eq!(rules(&v), vec![(MemsMismatch, Error)]);
+    assert!(finding(&v, MemsMismatch)
+        .message
+        .contains("outside the allowed 0"));
+    let v = create(&host, None, &spec().cpus("0-7").mems("5").build());
+    assert!(finding(&v, MemsMismatch).message.contains("no NUMA node 5"));
+    assert_eq!(
+        rules(&create(&host, None, &spec().cpus("0-7").mems("0").build())),
+        vec![]
+    );
+}
+
+#[test]
+fn topology_drift_against_the_baseline() {
+    let host = host(VFS);
+    // A device hwloc does not list: sysfs's numa_node alone gives its locality.
+    let tree = Tree::new().vfio("0000:c1:00.0", 1, "60");
+    let sysfs = tree.sysfs();
+    let s = spec().cpus("8-15").device("/dev/vfio/60").build();
+    let checker = kata_topo::Checker::new(&host, Some(&sysfs), Defaults::default());
+    let baseline = checker.record_baseline(&s);
+    assert_eq!(baseline.cpu_nodes.to_string(), "1");
+    assert_eq!(
+        baseline.devices[0]
+            .numa_nodes
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(rules(&recreate(&host, Some(&sysfs), &s, &baseline)), vec![]);
+
+    // The device moved to another slot (node 0): drift, and now remote.
+    tree.tree
+        .add_device(bdf("0000:c1:00.0"), 0, Some("vfio-pci"), Some("60"))
+        .expect("move");
+    let v = recreate(&host, Some(&sysfs), &s, &baseline);
+    assert_eq!(v.operation, Operation::Recreate);
+    assert_eq!(
+        rules(&v),
+        vec![(VfioRemote, Error), (TopologyDrift, Warning)]
+    );
+    assert!(finding(&v, TopologyDrift)
+        .message
+        .contains("moved from node 1 to node 0"));
+
+    // The host itself changed since admission.
+    let mut stale = baseline.clone();
+    stale.topology_fingerprint = "0000000000000000".into();
+    tree.tree
+        .add_device(bdf("0000:c1:00.0"), 1, Some("vfio-pci"), Some("60"))
+        .expect("move back");
+    let v = recreate(&host, Some(&sysfs), &s, &stale);
+    assert_eq!(rules(&v), vec![(TopologyDrift, Warning)]);
+    // The baseline's CPUs were on another node (the node was relabelled).
+    let mut relabelled = baseline.clone();
+    relabelled.cpu_nodes = "0".parse().expect("set");
+    let v = recreate(
+        &host,
+        Some(&sysfs),
+        &spec().cpus("8-15").device("/dev/vfio/60").build(),
+        &relabelled,
+    );
+    assert!(rules(&v).contains(&(TopologyDrift, Warning)));
+    assert!(finding(&v, TopologyDrift)
+        .message
+        .contains("were on node 0 and are now on node 1"));
+}
+
+#[test]
+fn recreate_is_held_to_the_baseline() {
+    let host = host(DGX2);
+    let checker = kata_topo::Checker::new(&host, None, Defaults::default());
+    let first = spec().cpus("0-1").build();
+    let baseline = checker.record_baseline(&first);
+    let same = recreate(&host, None, &first, &baseline);
+    assert_eq!(
+        (same.operation, rules(&same)),
+        (Operation::Recreate, vec![])
+    );
+    let moved = recreate(&host, None, &spec().cpus("24-25").build(), &baseline);
+    assert_eq!(rules(&moved), vec![(CpuOutsideIntent, Error)]);
+    assert!(finding(&moved, CpuOutsideIntent)
+        .message
+        .contains("(the baseline)"));
+}
+
+#[test]
+fn check_failed_when_devices_cannot_be_resolved() {
+    let host = host(DGX2);
+    let s = spec().cpus("0-1").device("/dev/vfio/10").build();
+    let v = create(&host, None, &s);
+    assert_eq!(rules(&v), vec![(CheckFailed, Warning)]);
+    assert!(finding(&v, CheckFailed).message.contains("no sysfs root"));
+    let closed = kata_topo::Checker::new(
+        &host,
+        None,
+        Defaults {
+            mode: Mode::Enforce,
+            fail_closed: true,
+            ..Defaults::default()
+        },
+    )
+    .check(&kata_topo::Request::create(&s));
+    assert_eq!(rules(&closed), vec![(CheckFailed, Error)]);
+    assert_eq!(closed.decision, Decision::Reject);
+}
+
+#[test]
+fn invalid_annotations_are_errors_naming_key_and_value() {
+    let host = host(DGX2);
+    let s = spec()
+        .cpus("0-1")
+        .policy("strict")
+        .annotation("kata-topo.io/mode", "../enforce")
+        .nodes("0-")
+        .build();
+    let v = create(&host, None, &s);
+    assert_eq!(rules(&v), vec![(IntentInvalid, Error); 3]);
+    let messages: Vec<&str> = v.findings.iter().map(|f| f.message.as_str()).collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("kata-topo.io/policy=\"strict\"")),
+        "{messages:?}"
+    );
+    assert!(messages
+        .iter()
+        .any(|m| m.contains("kata-topo.io/mode=\"../enforce\"")));
+    assert!(messages
+        .iter()
+        .any(|m| m.contains("kata-topo.io/numa-nodes=\"0-\"")));
+    // The defaults stand in: restricted, audit.
+    assert_eq!((v.policy, v.mode), (Policy::Restricted, Mode::Audit));
+    let v = create(&host, None, &spec().cpus("0-1").nodes("3").build());
+    assert!(finding(&v, IntentInvalid)
+        .message
+        .contains("no NUMA node 3"));
+}
+
+#[test]
+fn policies_none_and_best_effort() {
+    let host = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let base = || spec().cpus("0-1").device("/dev/vfio/20").nodes("1");
+    let none = create(&host, Some(&sysfs), &base().policy("none").build());
+    assert_eq!(rules(&none), vec![]);
+    let be = create(&host, Some(&sysfs), &base().policy("best-effort").build());
+    assert_eq!(
+        rules(&be),
+        vec![(CpuOutsideIntent, Warning), (VfioRemote, Warning)]
+    );
+    let mut enforce = be.clone();
+    enforce.mode = Mode::Enforce;
+    enforce.decide();
+    assert_eq!(enforce.decision, Decision::Allow, "warnings never refuse");
+}
+
+#[test]
+fn sandbox_create_and_verdict_identity() {
+    let host = host(DGX2);
+    let v = create(&host, None, &spec().sandbox().cpus("0-1").build());
+    assert_eq!(v.operation, Operation::Sandbox);
+    assert_eq!(v.sandbox_id.as_deref(), Some("sb-1"));
+    assert_eq!(v.pod.name.as_deref(), Some("gpu-pod"));
+    assert_eq!(v.pod.namespace.as_deref(), Some("ml"));
+    assert_eq!(v.container_name, None);
+}
+
+#[test]
+fn power8_numbering() {
+    let host = host("power8gpudistances.xml");
+    let tree = Tree::new().vfio("000a:01:00.0", 1, "3");
+    let sysfs = tree.sysfs();
+    let v = create(
+        &host,
+        Some(&sysfs),
+        &spec().cpus("80-81").device("/dev/vfio/3").build(),
+    );
+    assert_eq!(rules(&v), vec![]);
+    let v = create(
+        &host,
+        Some(&sysfs),
+        &spec().cpus("0-1").device("/dev/vfio/3").build(),
+    );
+    assert_eq!(rules(&v), vec![(VfioRemote, Error)]);
+}
+
+#[test]
+fn restricted_topology_is_seen_whole() {
+    // Some packages are disallowed to the process that exported this topology; a checker in a
+    // cgroup must still see them.
+    let host = host("64intel64-3g2n+2n-irregulargroups+pci.xml");
+    assert_eq!(host.nodes.len(), 8);
+    assert_eq!(host.online_cpus.len(), 64);
+    assert!(host.pci.len() >= 8);
+}
