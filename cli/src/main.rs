@@ -1,5 +1,7 @@
 //! `kata-topo`: the operator CLI. See `kata-topo --help`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 mod cli;

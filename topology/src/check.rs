@@ -96,6 +96,52 @@ pub fn severity(rule: Rule, policy: Policy, fail_closed: bool) -> Option<Severit
     }
 }
 
+/// A `check-failed` finding under a policy, or `None` when the policy does not report it.
+pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
+    severity(Rule::CheckFailed, policy, fail_closed).map(|severity| Finding {
+        rule: Rule::CheckFailed,
+        severity,
+        message: format!("the topology check could not run: {reason}; the request was not checked"),
+        expected: json!({"check": "completed"}),
+        observed: json!({"error": reason}),
+    })
+}
+
+/// The verdict for a request whose check could not run at all (no host topology, unreadable
+/// spec): one `check-failed` finding. Policy and mode come from the annotations when they are
+/// valid, else from the defaults.
+pub fn failed_verdict(
+    spec: Option<&ContainerSpec>,
+    operation: Operation,
+    class: Option<crate::verdict::UpdateClass>,
+    defaults: Defaults,
+    reason: &str,
+) -> Verdict {
+    let annotation = |key: &str| spec.and_then(|s| s.annotations.get(key));
+    let policy = annotation(crate::intent::ANNOTATION_POLICY)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.policy);
+    let mode = annotation(crate::intent::ANNOTATION_MODE)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.mode);
+    let mut verdict = Verdict {
+        operation,
+        class,
+        sandbox_id: spec.and_then(|s| s.sandbox_id.clone()),
+        container_id: None,
+        container_name: spec.and_then(|s| s.container_name.clone()),
+        pod: spec.map(|s| s.pod.clone()).unwrap_or_default(),
+        policy,
+        mode,
+        decision: Decision::Allow,
+        findings: check_failed(policy, defaults.fail_closed, reason)
+            .into_iter()
+            .collect(),
+    };
+    verdict.decide();
+    verdict
+}
+
 /// A VFIO device of the spec, resolved against sysfs and the host.
 #[derive(Debug, Clone)]
 enum Device {

@@ -72,7 +72,7 @@ pub enum RequestError {
 
 /// The resource fields kata-topo looks at. `None` means "not set" (an update leaves it as it
 /// was).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Resources {
     /// `cpu.cpus`.
     pub cpus: Option<IdSet>,

@@ -1,0 +1,326 @@
+//! `[topology_guard]`: kata-topo's table in the Kata configuration file.
+//!
+//! Found, in order: the runtime option `ConfigPath` containerd passes on `start`'s stdin (the
+//! same file Kata reads), the file named by `KATA_TOPO_CONFIG`, Kata's default paths. A file
+//! without the table gives the defaults. An unknown key or a bad value is an error naming the
+//! file, the key and the line — never a silent default.
+
+use std::path::{Path, PathBuf};
+
+use kata_topo::{Mode, Policy};
+use serde::Deserialize;
+
+/// The environment variable naming a configuration file.
+pub const ENV_CONFIG: &str = "KATA_TOPO_CONFIG";
+
+/// Kata's default configuration paths, searched when nothing names a file.
+pub const KATA_DEFAULT_PATHS: &[&str] = &[
+    "/etc/kata-containers/configuration.toml",
+    "/usr/share/defaults/kata-containers/configuration.toml",
+    "/opt/kata/share/defaults/kata-containers/configuration.toml",
+];
+
+/// The largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Why the configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("kata-topo: cannot read configuration {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is too large.
+    #[error("kata-topo: configuration {0} is larger than 4 MiB")]
+    TooLarge(PathBuf),
+    /// TOML or `[topology_guard]` is invalid; the message names the key and line.
+    #[error("kata-topo: invalid [topology_guard] in {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// toml's words, flattened to one line.
+        message: String,
+    },
+}
+
+fn default_delegate() -> String {
+    "containerd-shim-kata-v2".to_string()
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/run/kata-topo")
+}
+fn default_sysfs() -> PathBuf {
+    PathBuf::from("/sys")
+}
+fn default_procfs() -> PathBuf {
+    PathBuf::from("/proc")
+}
+fn default_log_file() -> PathBuf {
+    PathBuf::from("/var/log/kata-topo.log")
+}
+fn default_refresh() -> u64 {
+    30
+}
+
+/// The `[topology_guard]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The real shim: a path, or a name on PATH.
+    #[serde(default = "default_delegate")]
+    pub delegate_shim: String,
+    /// `audit` (report, forward) or `enforce` (refuse requests with an `error` finding).
+    #[serde(default)]
+    pub mode: Mode,
+    /// The policy for pods without `kata-topo.io/policy`.
+    #[serde(default)]
+    pub default_policy: Policy,
+    /// An hwloc XML to use instead of the live machine (tests, demos).
+    #[serde(default)]
+    pub topology_xml: Option<PathBuf>,
+    /// sysfs root for the VFIO map.
+    #[serde(default = "default_sysfs")]
+    pub sysfs_root: PathBuf,
+    /// procfs root for the VM view.
+    #[serde(default = "default_procfs")]
+    pub procfs_root: PathBuf,
+    /// Baselines and per-task state (0700).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// JSON log lines, one per finding.
+    #[serde(default = "default_log_file")]
+    pub log_file: PathBuf,
+    /// Prometheus textfile directory (metrics come with a later release).
+    #[serde(default)]
+    pub metrics_dir: Option<PathBuf>,
+    /// In enforce mode, refuse requests whose check could not run.
+    #[serde(default)]
+    pub fail_closed: bool,
+    /// How often the topology is reloaded off the request path, in seconds (0: never).
+    #[serde(default = "default_refresh")]
+    pub topology_refresh_seconds: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            delegate_shim: default_delegate(),
+            mode: Mode::default(),
+            default_policy: Policy::default(),
+            topology_xml: None,
+            sysfs_root: default_sysfs(),
+            procfs_root: default_procfs(),
+            state_dir: default_state_dir(),
+            log_file: default_log_file(),
+            metrics_dir: None,
+            fail_closed: false,
+            topology_refresh_seconds: default_refresh(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct File {
+    topology_guard: Option<Config>,
+}
+
+impl Config {
+    /// Parses a configuration file's text; other tables (Kata's own) are ignored.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: one_line(&e.to_string()),
+        })?;
+        let config = file.topology_guard.unwrap_or_default();
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, why: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("key `{key}` {why}"),
+        };
+        if self.delegate_shim.trim().is_empty() {
+            return Err(invalid("delegate_shim", "is empty"));
+        }
+        if self.delegate_shim.contains("kata-topo") {
+            return Err(invalid(
+                "delegate_shim",
+                "names kata-topo itself: it must be the real shim (containerd-shim-kata-v2)",
+            ));
+        }
+        for (key, p) in [
+            ("state_dir", Some(&self.state_dir)),
+            ("sysfs_root", Some(&self.sysfs_root)),
+            ("procfs_root", Some(&self.procfs_root)),
+            ("log_file", Some(&self.log_file)),
+            ("metrics_dir", self.metrics_dir.as_ref()),
+            ("topology_xml", self.topology_xml.as_ref()),
+        ] {
+            if let Some(p) = p {
+                if !p.is_absolute() {
+                    return Err(invalid(
+                        key,
+                        &format!("must be an absolute path, not {p:?}"),
+                    ));
+                }
+            }
+        }
+        if self.state_dir == Path::new("/") {
+            return Err(invalid("state_dir", "must not be /"));
+        }
+        Ok(())
+    }
+
+    /// Reads one file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge(path.to_path_buf()));
+        }
+        Self::parse(&text, path)
+    }
+
+    /// Resolves and reads the configuration: `ConfigPath`, then `KATA_TOPO_CONFIG`, then Kata's
+    /// default paths, else the defaults. Returns the file used, if any.
+    pub fn resolve(
+        config_path: Option<&Path>,
+        env: Option<&Path>,
+    ) -> Result<(Self, Option<PathBuf>), ConfigError> {
+        let named = config_path.or(env);
+        if let Some(path) = named {
+            return Ok((Self::from_file(path)?, Some(path.to_path_buf())));
+        }
+        for p in KATA_DEFAULT_PATHS {
+            let path = Path::new(p);
+            if path.is_file() {
+                return Ok((Self::from_file(path)?, Some(path.to_path_buf())));
+            }
+        }
+        Ok((Self::default(), None))
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && *l != "|")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/kata/configuration.toml"))
+    }
+
+    #[test]
+    fn reads_every_key_and_ignores_kata_tables() {
+        let c = parse(
+            r#"
+[hypervisor.qemu]
+path = "/usr/bin/qemu-system-x86_64"
+[runtime]
+enable_vcpus_pinning = true
+[topology_guard]
+delegate_shim = "containerd-shim-runc-v2"
+mode = "enforce"
+default_policy = "single-numa-node"
+topology_xml = "/etc/kata-topo/host.xml"
+sysfs_root = "/host/sys"
+procfs_root = "/host/proc"
+state_dir = "/run/kt"
+log_file = "/var/log/kt.log"
+metrics_dir = "/var/lib/node-exporter"
+fail_closed = true
+topology_refresh_seconds = 5
+"#,
+        )
+        .expect("valid");
+        assert_eq!(c.delegate_shim, "containerd-shim-runc-v2");
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.default_policy, Policy::SingleNumaNode);
+        assert_eq!(
+            c.topology_xml.as_deref(),
+            Some(Path::new("/etc/kata-topo/host.xml"))
+        );
+        assert_eq!(c.sysfs_root, Path::new("/host/sys"));
+        assert_eq!(c.procfs_root, Path::new("/host/proc"));
+        assert_eq!(c.state_dir, Path::new("/run/kt"));
+        assert_eq!(c.log_file, Path::new("/var/log/kt.log"));
+        assert_eq!(
+            c.metrics_dir.as_deref(),
+            Some(Path::new("/var/lib/node-exporter"))
+        );
+        assert!(c.fail_closed);
+        assert_eq!(c.topology_refresh_seconds, 5);
+    }
+
+    #[test]
+    fn defaults_without_the_table() {
+        let c = parse("[runtime]\nenable_debug = true\n").expect("valid");
+        assert_eq!(c, Config::default());
+        assert_eq!(c.delegate_shim, "containerd-shim-kata-v2");
+        assert_eq!(c.mode, Mode::Audit);
+        assert_eq!(c.default_policy, Policy::Restricted);
+        assert_eq!(c.state_dir, Path::new("/run/kata-topo"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = parse("[topology_guard]\nmood = \"audit\"\n").expect_err("unknown key");
+        assert!(e.to_string().contains("mood"), "{e}");
+        let e = parse("[topology_guard]\nmode = \"loud\"\n").expect_err("bad value");
+        assert!(
+            e.to_string().contains("mode") && e.to_string().contains("loud"),
+            "{e}"
+        );
+        let e = parse("[topology_guard]\nfail_closed = \"yes\"\n").expect_err("bad type");
+        assert!(e.to_string().contains("fail_closed"), "{e}");
+        let e = parse("[topology_guard]\nstate_dir = \"run\"\n").expect_err("relative");
+        assert!(e.to_string().contains("state_dir"), "{e}");
+        let e = parse("[topology_guard]\ndelegate_shim = \"containerd-shim-kata-topo-v2\"\n")
+            .expect_err("self");
+        assert!(e.to_string().contains("delegate_shim"), "{e}");
+        assert!(!e.to_string().contains('\n'));
+        let e = parse("[topology_guard\n").expect_err("toml");
+        assert!(
+            e.to_string().contains("/etc/kata/configuration.toml"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn resolution_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.toml");
+        let b = dir.path().join("b.toml");
+        std::fs::write(&a, "[topology_guard]\nmode = \"enforce\"\n").expect("write");
+        std::fs::write(&b, "[topology_guard]\nmode = \"audit\"\n").expect("write");
+        let (c, used) = Config::resolve(Some(&a), Some(&b)).expect("resolve");
+        assert_eq!(
+            (c.mode, used.as_deref()),
+            (Mode::Enforce, Some(a.as_path()))
+        );
+        let (c, used) = Config::resolve(None, Some(&b)).expect("resolve");
+        assert_eq!((c.mode, used.as_deref()), (Mode::Audit, Some(b.as_path())));
+        let e = Config::resolve(Some(&dir.path().join("missing.toml")), None).expect_err("missing");
+        assert!(e.to_string().contains("missing.toml"));
+    }
+}

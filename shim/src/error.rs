@@ -1,0 +1,64 @@
+//! The wrapper's failures on the request path, and the one place they become ttrpc statuses.
+
+use crate::ttrpc::{Code, Status};
+
+/// A request the wrapper answers itself instead of the delegate.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// Enforce mode refused the request; the message names rule, expectation, finding, pod.
+    #[error("{0}")]
+    Rejected(String),
+    /// The delegate could not be reached.
+    #[error("kata-topo: the delegate shim at {address} is unavailable: {source}")]
+    DelegateUnavailable {
+        /// Its address.
+        address: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A ttrpc request that does not decode.
+    #[error("kata-topo: malformed ttrpc request: {0}")]
+    BadRequest(String),
+}
+
+impl ShimError {
+    /// The gRPC code containerd (and CRI, and the kubelet) sees. FailedPrecondition,
+    /// Unavailable and InvalidArgument survive containerd → CRI → kubelet unchanged.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Rejected(_) => Code::FailedPrecondition,
+            Self::DelegateUnavailable { .. } => Code::Unavailable,
+            Self::BadRequest(_) => Code::InvalidArgument,
+        }
+    }
+
+    /// The status to send.
+    pub fn status(&self) -> Status {
+        Status {
+            code: self.code() as i32,
+            message: self.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_arm_maps_to_its_code() {
+        let rejected = ShimError::Rejected("kata-topo: refused".into());
+        assert_eq!(rejected.code(), Code::FailedPrecondition);
+        assert_eq!(rejected.status().code, 9);
+        assert_eq!(rejected.status().message, "kata-topo: refused");
+        let down = ShimError::DelegateUnavailable {
+            address: "unix:///run/x".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        assert_eq!(down.status().code, 14);
+        assert!(down.status().message.contains("unix:///run/x"));
+        let bad = ShimError::BadRequest("truncated".into());
+        assert_eq!(bad.status().code, 3);
+    }
+}

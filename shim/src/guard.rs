@@ -1,0 +1,482 @@
+//! The checks the wrapper runs on `Create` and `Update`, with their state: the host topology
+//! (loaded once, refreshed off the request path), baselines, per-task records, suppression of
+//! repeated findings, and the sinks. Plain methods, testable without a ttrpc connection.
+//!
+//! Suppression: the kubelet's CPU-manager reconcile loop pushes the same cpuset every 10 s.
+//! A verdict is announced (log, event) only when its findings differ from the last verdict
+//! announced for the same task and update class (or create operation); a clean verdict in
+//! between re-arms it. The state file always holds the latest verdict, announced or not.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use kata_topo::check::{check_failed, failed_verdict};
+use kata_topo::{
+    Baseline, Checker, ContainerSpec, Decision, Defaults, Host, Operation, Overrides, Request,
+    Resources, Severity, Sysfs, TopologySource, UpdateClass, Verdict,
+};
+use slog::Logger;
+
+use crate::config::Config;
+use crate::error::ShimError;
+use crate::sinks::{log_verdict, rfc3339, Events, Metrics};
+use crate::state::{GroupState, TaskRecord};
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Forward it to the delegate; apply `after` if the delegate answers OK.
+    Forward(Option<After>),
+    /// Answer it with this error; the delegate never sees it.
+    Refuse(ShimError),
+}
+
+/// What to remember once the delegate accepted a request.
+#[derive(Debug, Clone)]
+pub enum After {
+    /// A task was created.
+    Created {
+        /// Task id.
+        task_id: String,
+        /// Its record.
+        record: TaskRecord,
+        /// A baseline to keep: the sandbox's (`None` name) or a container's first create.
+        baseline: Option<Box<(Option<String>, Baseline)>>,
+    },
+    /// A task's resources changed.
+    Updated {
+        /// Task id.
+        task_id: String,
+        /// The resources now in force.
+        resources: Resources,
+    },
+    /// A task was deleted.
+    Deleted {
+        /// Task id.
+        task_id: String,
+    },
+}
+
+struct HostSlot {
+    host: Option<Arc<Host>>,
+    error: Option<String>,
+    loaded_at: Option<SystemTime>,
+}
+
+/// The checks of one pod's wrapper daemon.
+pub struct Guard {
+    config: Config,
+    group: String,
+    host: RwLock<HostSlot>,
+    sysfs: Sysfs,
+    state: GroupState,
+    announced: Mutex<HashMap<(String, String), String>>,
+    log: Logger,
+    events: Events,
+    metrics: Box<dyn Metrics>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("group", &self.group).finish()
+    }
+}
+
+fn topology_source(config: &Config) -> TopologySource {
+    match &config.topology_xml {
+        Some(p) => TopologySource::Xml(p.clone()),
+        None => TopologySource::Live,
+    }
+}
+
+impl Guard {
+    /// A guard for one pod. Loads the topology now; a failure is kept and reported as
+    /// `check-failed` on every request until a refresh succeeds.
+    pub fn new(
+        config: Config,
+        namespace: &str,
+        group: &str,
+        log: Logger,
+        events: Events,
+        metrics: Box<dyn Metrics>,
+    ) -> std::io::Result<Self> {
+        let state = GroupState::open(&config.state_dir, namespace, group)?;
+        let guard = Self {
+            sysfs: Sysfs::new(&config.sysfs_root),
+            group: group.to_string(),
+            host: RwLock::new(HostSlot {
+                host: None,
+                error: None,
+                loaded_at: None,
+            }),
+            state,
+            announced: Mutex::new(HashMap::new()),
+            log,
+            events,
+            metrics,
+            config,
+        };
+        guard.refresh();
+        Ok(guard)
+    }
+
+    /// Reloads the topology; keeps the previous one when the reload fails.
+    pub fn refresh(&self) {
+        let source = topology_source(&self.config);
+        let loaded = catch_unwind(|| Host::load(&source))
+            .unwrap_or_else(|_| Err(kata_topo::host::HostError::NoCpu("hwloc panicked".into())));
+        let mut slot = self.host.write().unwrap_or_else(|e| e.into_inner());
+        match loaded {
+            Ok(host) => {
+                if slot.error.is_some() || slot.host.is_none() {
+                    slog::info!(self.log, "topology loaded"; "event" => "topology-loaded",
+                        "source" => &host.source_name, "fingerprint" => host.fingerprint(),
+                        "sandbox_id" => &self.group);
+                }
+                slot.host = Some(Arc::new(host));
+                slot.error = None;
+                slot.loaded_at = Some(SystemTime::now());
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if slot.error.as_deref() != Some(message.as_str()) {
+                    slog::warn!(self.log, "topology load failed"; "event" => "topology-failed",
+                        "error" => &message, "sandbox_id" => &self.group);
+                }
+                slot.error = Some(message);
+            }
+        }
+    }
+
+    /// Spawns the thread that refreshes the topology every `topology_refresh_seconds`.
+    pub fn spawn_refresher(self: &Arc<Self>) {
+        let period = self.config.topology_refresh_seconds;
+        if period == 0 {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("topology-refresh".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(period));
+                match weak.upgrade() {
+                    Some(guard) => guard.refresh(),
+                    None => return,
+                }
+            });
+    }
+
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            policy: self.config.default_policy,
+            mode: self.config.mode,
+            fail_closed: self.config.fail_closed,
+        }
+    }
+
+    /// The host, and the reason it is stale or missing.
+    fn host(&self) -> (Option<Arc<Host>>, Option<String>) {
+        let slot = self.host.read().unwrap_or_else(|e| e.into_inner());
+        let stale = slot.error.as_ref().map(|e| match slot.loaded_at {
+            Some(t) => format!(
+                "topology refresh failed ({e}); checked against the topology loaded at {}",
+                rfc3339(t)
+            ),
+            None => format!("no host topology ({e})"),
+        });
+        (slot.host.clone(), stale)
+    }
+
+    /// Runs the checker, or gives a `check-failed` verdict when it cannot run; never panics.
+    fn run_check(
+        &self,
+        req: &Request<'_>,
+        operation: Operation,
+        class: Option<UpdateClass>,
+    ) -> Verdict {
+        let spec = req.spec;
+        let (host, stale) = self.host();
+        let Some(host) = host else {
+            let reason = stale.unwrap_or_else(|| "no host topology".into());
+            return failed_verdict(Some(spec), operation, class, self.defaults(), &reason);
+        };
+        let checker = Checker::new(&host, Some(&self.sysfs), self.defaults());
+        let checked = catch_unwind(AssertUnwindSafe(|| checker.check(req)));
+        let mut verdict = match checked {
+            Ok(v) => v,
+            Err(_) => failed_verdict(
+                Some(spec),
+                operation,
+                class,
+                self.defaults(),
+                "the checker failed unexpectedly",
+            ),
+        };
+        if let Some(reason) = stale {
+            if let Some(f) = check_failed(verdict.policy, self.config.fail_closed, &reason) {
+                verdict.findings.push(f);
+                verdict.decide();
+            }
+        }
+        verdict
+    }
+
+    fn baseline_of(
+        &self,
+        checker_host: Option<Arc<Host>>,
+        spec: &ContainerSpec,
+    ) -> Option<Baseline> {
+        let host = checker_host?;
+        let checker = Checker::new(&host, Some(&self.sysfs), self.defaults());
+        catch_unwind(AssertUnwindSafe(|| checker.record_baseline(spec))).ok()
+    }
+
+    /// A task `Create`: the sandbox's, a container's first (records its baseline), or a
+    /// recreate of a container name the sandbox already ran (checked against its baseline).
+    pub fn on_create(&self, task_id: &str, bundle: &Path) -> Outcome {
+        let started = Instant::now();
+        let spec = match ContainerSpec::from_file(&bundle.join("config.json")) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut v = failed_verdict(
+                    None,
+                    Operation::Create,
+                    None,
+                    self.defaults(),
+                    &e.to_string(),
+                );
+                v.container_id = Some(task_id.to_string());
+                v.sandbox_id = Some(self.group.clone());
+                return self.finish(task_id, v, started, None);
+            }
+        };
+        let sandbox = spec.kind == kata_topo::request::ContainerKind::Sandbox;
+        let name = spec.container_name.clone();
+        let existing = match (&name, sandbox) {
+            (Some(n), false) => self.state.container_baseline(n).unwrap_or(None),
+            _ => None,
+        };
+        let operation = match (sandbox, &existing) {
+            (true, _) => Operation::Sandbox,
+            (false, Some(_)) => Operation::Recreate,
+            (false, None) => Operation::Create,
+        };
+        let request = Request {
+            baseline: existing.as_ref(),
+            container_id: Some(task_id),
+            ..Request::create(&spec)
+        };
+        let mut verdict = self.run_check(&request, operation, None);
+        verdict.container_id = Some(task_id.to_string());
+        let baseline = match (&existing, sandbox) {
+            (Some(_), _) => None,
+            (None, true) => self
+                .baseline_of(self.host().0, &spec)
+                .map(|b| Box::new((None, b))),
+            (None, false) => name.clone().and_then(|n| {
+                self.baseline_of(self.host().0, &spec)
+                    .map(|b| Box::new((Some(n), b)))
+            }),
+        };
+        let after = After::Created {
+            task_id: task_id.to_string(),
+            record: TaskRecord {
+                bundle: bundle.to_path_buf(),
+                container_name: name,
+                sandbox,
+                resources: None,
+                pid: None,
+            },
+            baseline,
+        };
+        self.finish(task_id, verdict, started, Some(after))
+    }
+
+    /// A task `Update` with the `LinuxResources` JSON containerd sent.
+    pub fn on_update(&self, task_id: &str, resources_json: &[u8]) -> Outcome {
+        let started = Instant::now();
+        let record = self.state.task(task_id).unwrap_or(None);
+        let spec = record
+            .as_ref()
+            .map(|r| ContainerSpec::from_file(&r.bundle.join("config.json")));
+        let update = Resources::from_json(resources_json);
+        let (spec, update, record) = match (spec, update, record) {
+            (Some(Ok(spec)), Ok(update), Some(record)) => (spec, update, record),
+            (spec, update, _) => {
+                let reason = match (spec, update) {
+                    (None, _) => format!("task {task_id} was not created through this wrapper"),
+                    (Some(Err(e)), _) => e.to_string(),
+                    (_, Err(e)) => e.to_string(),
+                    _ => "unreadable request".into(),
+                };
+                let mut v = failed_verdict(None, Operation::Update, None, self.defaults(), &reason);
+                v.container_id = Some(task_id.to_string());
+                v.sandbox_id = Some(self.group.clone());
+                return self.finish(task_id, v, started, None);
+            }
+        };
+        let current = record
+            .resources
+            .clone()
+            .unwrap_or_else(|| spec.resources.clone());
+        let class = current.classify(&update);
+        let baseline = if record.sandbox {
+            self.state.sandbox_baseline().unwrap_or(None)
+        } else {
+            record
+                .container_name
+                .as_deref()
+                .and_then(|n| self.state.container_baseline(n).unwrap_or(None))
+        };
+        let request = Request {
+            spec: &spec,
+            update: Some(&update),
+            current: Some(&current),
+            baseline: baseline.as_ref(),
+            container_id: Some(task_id),
+            overrides: Overrides::default(),
+        };
+        let mut verdict = self.run_check(&request, Operation::Update, Some(class));
+        verdict.container_id = Some(task_id.to_string());
+        let after = After::Updated {
+            task_id: task_id.to_string(),
+            resources: current.merged(&update),
+        };
+        self.finish(task_id, verdict, started, Some(after))
+    }
+
+    /// A task `Delete` (of the task itself, not an exec).
+    pub fn on_delete(&self, task_id: &str) -> Outcome {
+        Outcome::Forward(Some(After::Deleted {
+            task_id: task_id.to_string(),
+        }))
+    }
+
+    /// Announces, keeps and decides a verdict.
+    fn finish(
+        &self,
+        task_id: &str,
+        verdict: Verdict,
+        started: Instant,
+        after: Option<After>,
+    ) -> Outcome {
+        self.metrics.observe(&verdict, started.elapsed());
+        let _ = self.state.save_verdict(task_id, &verdict);
+        if self.should_announce(task_id, &verdict) {
+            log_verdict(&self.log, &verdict);
+            self.events.mismatch(&verdict);
+        }
+        if verdict.decision == Decision::Reject {
+            return Outcome::Refuse(ShimError::Rejected(refusal(&verdict)));
+        }
+        Outcome::Forward(after)
+    }
+
+    fn should_announce(&self, task_id: &str, v: &Verdict) -> bool {
+        let key = (
+            task_id.to_string(),
+            v.class
+                .map_or_else(|| v.operation.to_string(), |c| c.to_string()),
+        );
+        let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
+        if v.findings.is_empty() {
+            announced.remove(&key);
+            return false;
+        }
+        let signature = serde_json::to_string(&(&v.findings, v.decision)).unwrap_or_default();
+        if announced.get(&key) == Some(&signature) {
+            return false;
+        }
+        announced.insert(key, signature);
+        true
+    }
+
+    /// Applies what the delegate accepted. `pid` is the pid a `Create` reply carried.
+    pub fn commit(&self, after: After, pid: Option<u32>) {
+        let result = match after {
+            After::Created {
+                task_id,
+                mut record,
+                baseline,
+            } => {
+                record.pid = pid;
+                if let Some((name, b)) = baseline.map(|b| *b) {
+                    let saved = match name {
+                        None => self.state.save_sandbox_baseline(&b),
+                        Some(n) => self.state.save_container_baseline(&n, &b),
+                    };
+                    if let Err(e) = saved {
+                        slog::warn!(self.log, "cannot save baseline"; "event" => "state-failed", "error" => e.to_string());
+                    }
+                }
+                self.state.save_task(&task_id, &record)
+            }
+            After::Updated { task_id, resources } => match self.state.task(&task_id) {
+                Ok(Some(mut record)) => {
+                    record.resources = Some(resources);
+                    self.state.save_task(&task_id, &record)
+                }
+                other => other.map(|_| ()),
+            },
+            After::Deleted { task_id } => {
+                let sandbox = task_id == self.group
+                    || matches!(self.state.task(&task_id), Ok(Some(r)) if r.sandbox);
+                self.announced
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(t, _), _| t != &task_id);
+                if sandbox {
+                    self.state.remove_all()
+                } else {
+                    self.state.remove_task(&task_id)
+                }
+            }
+        };
+        if let Err(e) = result {
+            slog::warn!(self.log, "cannot update state"; "event" => "state-failed", "error" => e.to_string());
+        }
+    }
+
+    /// Where the pod's state lives.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state.dir().to_path_buf()
+    }
+}
+
+/// The message a refused request carries back to containerd, CRI and the kubelet.
+pub fn refusal(v: &Verdict) -> String {
+    let what = match (v.operation, &v.container_name) {
+        (Operation::Update, Some(n)) => format!("the update of container {n}"),
+        (Operation::Update, None) => "the update".to_string(),
+        (Operation::Sandbox, _) => "the pod sandbox".to_string(),
+        (op, Some(n)) => format!("the {op} of container {n}"),
+        (op, None) => format!("the {op}"),
+    };
+    let pod = format!(
+        "{}/{}",
+        v.pod.namespace.as_deref().unwrap_or("-"),
+        v.pod.name.as_deref().unwrap_or("-")
+    );
+    let reasons: Vec<String> = v
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Error)
+        .map(|f| {
+            format!(
+                "{}: expected {}, found {}: {}",
+                f.rule,
+                serde_json::to_string(&f.expected).unwrap_or_default(),
+                serde_json::to_string(&f.observed).unwrap_or_default(),
+                f.message
+            )
+        })
+        .collect();
+    format!(
+        "kata-topo refused {what} in pod {pod} (policy {}, mode enforce): {}",
+        v.policy,
+        reasons.join("; ")
+    )
+}

@@ -1,0 +1,250 @@
+//! What the wrapper keeps on disk for one pod, under `state_dir/<namespace>/<group>/` (0700,
+//! files 0600, written atomically): the sandbox's and each container's baseline (kept across a
+//! wrapper restart, removed when the sandbox goes), each task's bundle and current resources,
+//! and each task's latest verdict.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use kata_topo::{Baseline, Resources, Verdict};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// What the wrapper remembers of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Its bundle (where `config.json` is).
+    pub bundle: PathBuf,
+    /// The CRI container name, when it has one.
+    pub container_name: Option<String>,
+    /// Whether it is the pod's sandbox.
+    pub sandbox: bool,
+    /// The resources in force after the last update the delegate accepted.
+    pub resources: Option<Resources>,
+    /// The pid the delegate's `Create` reported (Kata: the VMM).
+    pub pid: Option<u32>,
+}
+
+/// One pod's state directory.
+#[derive(Debug, Clone)]
+pub struct GroupState {
+    dir: PathBuf,
+}
+
+/// A file-name-safe form of an id or name: kept when it is plain, hashed otherwise.
+pub fn safe_name(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if plain {
+        name.to_string()
+    } else {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("x-{h:016x}")
+    }
+}
+
+fn mkdir_private(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+    }
+    fs::rename(&tmp, path)
+}
+
+fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    write_atomic(path, &bytes)
+}
+
+impl GroupState {
+    /// The state of one pod, created if missing.
+    pub fn open(state_dir: &Path, namespace: &str, group: &str) -> io::Result<Self> {
+        mkdir_private(state_dir)?;
+        let dir = state_dir.join(safe_name(namespace)).join(safe_name(group));
+        for sub in ["containers", "tasks", "verdicts"] {
+            mkdir_private(&dir.join(sub))?;
+        }
+        Ok(Self { dir })
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The sandbox's baseline.
+    pub fn sandbox_baseline(&self) -> io::Result<Option<Baseline>> {
+        read_json(&self.dir.join("sandbox.json"))
+    }
+
+    /// Records the sandbox's baseline.
+    pub fn save_sandbox_baseline(&self, b: &Baseline) -> io::Result<()> {
+        write_json(&self.dir.join("sandbox.json"), b)
+    }
+
+    fn container_path(&self, name: &str) -> PathBuf {
+        self.dir
+            .join("containers")
+            .join(format!("{}.json", safe_name(name)))
+    }
+
+    /// A container's baseline, by CRI container name.
+    pub fn container_baseline(&self, name: &str) -> io::Result<Option<Baseline>> {
+        read_json(&self.container_path(name))
+    }
+
+    /// Records a container's baseline.
+    pub fn save_container_baseline(&self, name: &str, b: &Baseline) -> io::Result<()> {
+        write_json(&self.container_path(name), b)
+    }
+
+    fn task_path(&self, id: &str) -> PathBuf {
+        self.dir
+            .join("tasks")
+            .join(format!("{}.json", safe_name(id)))
+    }
+
+    /// A task's record.
+    pub fn task(&self, id: &str) -> io::Result<Option<TaskRecord>> {
+        read_json(&self.task_path(id))
+    }
+
+    /// Records a task.
+    pub fn save_task(&self, id: &str, t: &TaskRecord) -> io::Result<()> {
+        write_json(&self.task_path(id), t)
+    }
+
+    /// Forgets a task (its container's baseline stays for a recreate).
+    pub fn remove_task(&self, id: &str) -> io::Result<()> {
+        for path in [
+            self.task_path(id),
+            self.dir
+                .join("verdicts")
+                .join(format!("{}.json", safe_name(id))),
+        ] {
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps a task's latest verdict (for `kata-topo status`).
+    pub fn save_verdict(&self, task_id: &str, v: &Verdict) -> io::Result<()> {
+        write_json(
+            &self
+                .dir
+                .join("verdicts")
+                .join(format!("{}.json", safe_name(task_id))),
+            v,
+        )
+    }
+
+    /// Removes the pod's whole state (the sandbox is gone).
+    pub fn remove_all(&self) -> io::Result<()> {
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // Drop the namespace directory too once it is empty.
+        if let Some(parent) = self.dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn names_are_made_safe() {
+        assert_eq!(safe_name("trainer"), "trainer");
+        assert_eq!(safe_name("a.b_c-1"), "a.b_c-1");
+        for bad in ["", "..", "../x", "a/b", ".hidden", "x y"] {
+            let s = safe_name(bad);
+            assert!(s.starts_with("x-") && s.len() == 18, "{bad} -> {s}");
+        }
+        assert_ne!(safe_name("a/b"), safe_name("a/c"));
+    }
+
+    #[test]
+    fn keeps_baselines_and_tasks_privately_and_removes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = dir.path().join("state");
+        let g = GroupState::open(&state_dir, "k8s.io", "sb1").expect("open");
+        let mode = fs::metadata(&state_dir).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let t = TaskRecord {
+            bundle: "/b".into(),
+            container_name: Some("app".into()),
+            sandbox: false,
+            resources: None,
+            pid: Some(42),
+        };
+        g.save_task("c1", &t).expect("save");
+        assert_eq!(g.task("c1").expect("read"), Some(t));
+        let file = g.dir().join("tasks/c1.json");
+        assert_eq!(
+            fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
+            0o600
+        );
+        // A second open (a restarted wrapper) sees the same state.
+        let again = GroupState::open(&state_dir, "k8s.io", "sb1").expect("reopen");
+        assert!(again.task("c1").expect("read").is_some());
+        g.remove_task("c1").expect("remove");
+        assert_eq!(g.task("c1").expect("read"), None);
+        fs::write(g.dir().join("tasks/bad.json"), "{").expect("write");
+        assert!(g.task("bad").is_err());
+        g.remove_all().expect("remove all");
+        assert!(!g.dir().exists());
+        assert!(!state_dir.join("k8s.io").exists());
+    }
+}

@@ -1,0 +1,411 @@
+//! ttrpc at the frame level, and the few protobuf messages the wrapper reads or writes.
+//!
+//! The wrapper forwards frames, not decoded calls: a request's bytes, stream id, timeout and
+//! metadata reach the delegate exactly as containerd sent them, and the delegate's response —
+//! status code and message included — reaches containerd unchanged. Only `Create` and `Update`
+//! payloads are decoded, to run the checks. This is the transparent shape a proxy needs; the
+//! typed servers of the ttrpc crates would decode and re-encode every call.
+//!
+//! Frame: a 10-byte header (payload length u32 BE, stream id u32 BE, type u8, flags u8) and the
+//! payload. Type 1 is a request (`Request`), 2 a response (`Response`), 3 stream data.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+
+/// ttrpc's own limit on a message.
+pub const MAX_FRAME: usize = 4 << 20;
+
+/// Frame types.
+pub const TYPE_REQUEST: u8 = 1;
+/// A response frame.
+pub const TYPE_RESPONSE: u8 = 2;
+
+/// The task service names containerd speaks: v2 (containerd 1.6/1.7) and v3 (2.x).
+pub const TASK_V2: &str = "containerd.task.v2.Task";
+/// Task API v3.
+pub const TASK_V3: &str = "containerd.task.v3.Task";
+
+/// gRPC status codes used by the wrapper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Code {
+    /// The request is malformed.
+    InvalidArgument = 3,
+    /// The system is not in a state that allows the request.
+    FailedPrecondition = 9,
+    /// The delegate cannot be reached.
+    Unavailable = 14,
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Stream id (odd, chosen by the client).
+    pub stream_id: u32,
+    /// Frame type.
+    pub kind: u8,
+    /// Flags.
+    pub flags: u8,
+    /// Payload.
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+    pub fn read(r: &mut impl Read) -> io::Result<Option<Self>> {
+        let mut header = [0u8; 10];
+        let mut got = 0;
+        while got < header.len() {
+            match r.read(&mut header[got..]) {
+                Ok(0) if got == 0 => return Ok(None),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if len > MAX_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("ttrpc frame of {len} bytes exceeds {MAX_FRAME}"),
+            ));
+        }
+        let mut payload = vec![0u8; len];
+        r.read_exact(&mut payload)?;
+        Ok(Some(Self {
+            stream_id: u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
+            kind: header[8],
+            flags: header[9],
+            payload,
+        }))
+    }
+
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(10 + self.payload.len());
+        out.extend_from_slice(&(self.payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(&self.stream_id.to_be_bytes());
+        out.push(self.kind);
+        out.push(self.flags);
+        out.extend_from_slice(&self.payload);
+        out
+    }
+
+    /// Writes the frame in one call.
+    pub fn write(&self, w: &mut impl Write) -> io::Result<()> {
+        w.write_all(&self.encode())
+    }
+}
+
+/// `ttrpc.KeyValue`.
+#[derive(Clone, PartialEq, Message)]
+pub struct KeyValue {
+    /// Key.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// Value.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+/// `ttrpc.Request`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Request {
+    /// Service name.
+    #[prost(string, tag = "1")]
+    pub service: String,
+    /// Method name.
+    #[prost(string, tag = "2")]
+    pub method: String,
+    /// The call's message.
+    #[prost(bytes = "vec", tag = "3")]
+    pub payload: Vec<u8>,
+    /// Deadline, in nanoseconds from now.
+    #[prost(int64, tag = "4")]
+    pub timeout_nano: i64,
+    /// Metadata (containerd puts the namespace here).
+    #[prost(message, repeated, tag = "5")]
+    pub metadata: Vec<KeyValue>,
+}
+
+/// `google.rpc.Status`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Status {
+    /// The code.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// The message.
+    #[prost(string, tag = "2")]
+    pub message: String,
+}
+
+/// `ttrpc.Response`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Response {
+    /// Status; absent means OK.
+    #[prost(message, optional, tag = "1")]
+    pub status: Option<Status>,
+    /// The reply message.
+    #[prost(bytes = "vec", tag = "2")]
+    pub payload: Vec<u8>,
+}
+
+impl Response {
+    /// The status code (0 when absent).
+    pub fn code(&self) -> i32 {
+        self.status.as_ref().map_or(0, |s| s.code)
+    }
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Any {
+    /// Type URL.
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    /// Encoded value.
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// `google.protobuf.Timestamp`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Timestamp {
+    /// Seconds since the epoch.
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    /// Nanoseconds.
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+impl Timestamp {
+    /// Now.
+    pub fn now() -> Self {
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Self {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
+        }
+    }
+}
+
+/// `google.protobuf.StringValue`.
+#[derive(Clone, PartialEq, Message)]
+pub struct StringValue {
+    /// The string.
+    #[prost(string, tag = "1")]
+    pub value: String,
+}
+
+/// `containerd.task.v2.CreateTaskRequest` (the fields the wrapper reads).
+#[derive(Clone, PartialEq, Message)]
+pub struct CreateTaskRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Bundle directory.
+    #[prost(string, tag = "2")]
+    pub bundle: String,
+}
+
+/// `containerd.task.v2.CreateTaskResponse`.
+#[derive(Clone, PartialEq, Message)]
+pub struct CreateTaskResponse {
+    /// The task's pid (Kata: the VMM's).
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+}
+
+/// `containerd.task.v2.UpdateTaskRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct UpdateTaskRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// `LinuxResources` as JSON in an Any.
+    #[prost(message, optional, tag = "2")]
+    pub resources: Option<Any>,
+}
+
+/// `containerd.task.v2.DeleteRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct DeleteRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Exec id (empty for the task itself).
+    #[prost(string, tag = "2")]
+    pub exec_id: String,
+}
+
+/// `containerd.task.v2.KillRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct KillRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Exec id.
+    #[prost(string, tag = "2")]
+    pub exec_id: String,
+    /// Signal.
+    #[prost(uint32, tag = "3")]
+    pub signal: u32,
+    /// All processes.
+    #[prost(bool, tag = "4")]
+    pub all: bool,
+}
+
+/// `containerd.task.v2.ShutdownRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ShutdownRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Now.
+    #[prost(bool, tag = "2")]
+    pub now: bool,
+}
+
+/// `containerd.services.events.v1.Envelope`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Envelope {
+    /// When.
+    #[prost(message, optional, tag = "1")]
+    pub timestamp: Option<Timestamp>,
+    /// Namespace.
+    #[prost(string, tag = "2")]
+    pub namespace: String,
+    /// Topic.
+    #[prost(string, tag = "3")]
+    pub topic: String,
+    /// Payload.
+    #[prost(message, optional, tag = "4")]
+    pub event: Option<Any>,
+}
+
+/// `containerd.services.events.ttrpc.v1.ForwardRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ForwardRequest {
+    /// The event.
+    #[prost(message, optional, tag = "1")]
+    pub envelope: Option<Envelope>,
+}
+
+/// `runtimeoptions.v1.Options` (what CRI sends a non-runc shim on `start`'s stdin).
+#[derive(Clone, PartialEq, Message)]
+pub struct RuntimeOptions {
+    /// Type URL of the options.
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    /// The runtime's configuration file.
+    #[prost(string, tag = "2")]
+    pub config_path: String,
+}
+
+/// Strips `unix://` from an address.
+pub fn socket_path(address: &str) -> &str {
+    address.strip_prefix("unix://").unwrap_or(address)
+}
+
+/// A minimal blocking ttrpc client: one call at a time on one connection.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    next_id: u32,
+}
+
+impl Client {
+    /// Connects to a `unix://` address or a socket path.
+    pub fn connect(address: &str, timeout: Duration) -> io::Result<Self> {
+        let stream = UnixStream::connect(socket_path(address))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(Self { stream, next_id: 1 })
+    }
+
+    /// Calls `service/method` with a message; returns the response.
+    pub fn call(
+        &mut self,
+        service: &str,
+        method: &str,
+        payload: Vec<u8>,
+        namespace: &str,
+        timeout: Duration,
+    ) -> io::Result<Response> {
+        let id = self.next_id;
+        self.next_id += 2;
+        let request = Request {
+            service: service.to_string(),
+            method: method.to_string(),
+            payload,
+            timeout_nano: timeout.as_nanos().min(i64::MAX as u128) as i64,
+            metadata: vec![KeyValue {
+                key: "containerd-namespace-ttrpc".to_string(),
+                value: namespace.to_string(),
+            }],
+        };
+        Frame {
+            stream_id: id,
+            kind: TYPE_REQUEST,
+            flags: 0,
+            payload: request.encode_to_vec(),
+        }
+        .write(&mut self.stream)?;
+        loop {
+            let frame = Frame::read(&mut self.stream)?
+                .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            if frame.stream_id == id && frame.kind == TYPE_RESPONSE {
+                return Response::decode(frame.payload.as_slice())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_are_bounded() {
+        let f = Frame {
+            stream_id: 7,
+            kind: TYPE_REQUEST,
+            flags: 0,
+            payload: b"hello".to_vec(),
+        };
+        let bytes = f.encode();
+        assert_eq!(&bytes[..10], &[0, 0, 0, 5, 0, 0, 0, 7, 1, 0]);
+        let back = Frame::read(&mut bytes.as_slice())
+            .expect("read")
+            .expect("frame");
+        assert_eq!(back, f);
+        assert_eq!(Frame::read(&mut [].as_slice()).expect("eof"), None);
+        assert!(Frame::read(&mut bytes[..4].to_vec().as_slice()).is_err());
+        let mut huge = bytes.clone();
+        huge[..4].copy_from_slice(&((MAX_FRAME as u32) + 1).to_be_bytes());
+        assert!(Frame::read(&mut huge.as_slice()).is_err());
+    }
+
+    #[test]
+    fn messages_decode_what_containerd_encodes() {
+        let req = UpdateTaskRequest {
+            id: "c1".into(),
+            resources: Some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
+                value: br#"{"cpu":{"cpus":"0-1"}}"#.to_vec(),
+            }),
+        };
+        let back = UpdateTaskRequest::decode(req.encode_to_vec().as_slice()).expect("decode");
+        assert_eq!(back, req);
+        assert_eq!(socket_path("unix:///run/x.sock"), "/run/x.sock");
+        assert_eq!(Response::default().code(), 0);
+    }
+}
