@@ -4,10 +4,13 @@ SHELL := /bin/bash
 
 CARGO ?= cargo
 # What building and testing need on Debian bookworm. hwlocality links the system hwloc 2.9
-# through `pkg-config --static`, which also wants libudev.
-APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2
+# through `pkg-config --static`, which also wants libudev; the integration tests and the demo
+# run Debian's containerd 1.6 and runc, build images from busybox-static, and build the CRI
+# client with protoc.
+APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
+	containerd runc busybox-static protobuf-compiler
 
-.PHONY: help deps build test lint unit bench demo clean
+.PHONY: help deps build build-all test lint unit integration bench demo demo-cli clean
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
@@ -32,15 +35,26 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: deps
-	$(CARGO) test --workspace --locked
+build-all: deps
+	$(CARGO) build --workspace --locked --bins
 
-test: lint unit
+unit: deps
+	$(CARGO) test --workspace --locked --exclude kata-topo-integration
+
+# Root, a real containerd per test; one test at a time so leak checks see only their own.
+integration: build-all
+	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1
+
+test: lint unit integration
 
 bench: deps
 	$(CARGO) bench -p kata-topo-core --locked --bench check
 
-demo: build
+demo: build-all
+	@$(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+
+# The CLI alone on the bundled scenario (no containerd needed).
+demo-cli: build
 	@bash scenario/demo.sh
 
 clean:

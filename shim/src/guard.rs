@@ -4,8 +4,9 @@
 //!
 //! Suppression: the kubelet's CPU-manager reconcile loop pushes the same cpuset every 10 s.
 //! A verdict is announced (log, event) only when its findings differ from the last verdict
-//! announced for the same task and update class (or create operation); a clean verdict in
-//! between re-arms it. The state file always holds the latest verdict, announced or not.
+//! announced for the same task and update class (or create operation); a `noop` update (what
+//! is in force pushed again) is a repeat when its findings equal any announced for the task;
+//! a clean verdict re-arms the task. The state file always holds the latest verdict.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -383,10 +384,19 @@ impl Guard {
         );
         let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
         if v.findings.is_empty() {
-            announced.remove(&key);
+            announced.retain(|(t, _), _| t != task_id);
             return false;
         }
         let signature = serde_json::to_string(&(&v.findings, v.decision)).unwrap_or_default();
+        // A no-op update (the reconcile loop pushing what is already in force) repeats
+        // whatever was last announced for the task.
+        if v.class == Some(UpdateClass::Noop)
+            && announced
+                .iter()
+                .any(|((t, _), sig)| t == task_id && *sig == signature)
+        {
+            return false;
+        }
         if announced.get(&key) == Some(&signature) {
             return false;
         }
@@ -479,4 +489,193 @@ pub fn refusal(v: &Verdict) -> String {
         v.policy,
         reasons.join("; ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sinks::{json_logger, NoMetrics};
+    use crate::ttrpc::Code;
+    use kata_topo::simulate::SysfsTree;
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        guard: Guard,
+    }
+
+    fn fixture(mode: &str) -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
+        tree.add_device(
+            "0000:b7:00.0".parse().expect("bdf"),
+            1,
+            Some("vfio-pci"),
+            Some("42"),
+        )
+        .expect("gpu");
+        let config = Config::parse(
+            &format!(
+                "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
+                tree.root().display(),
+                dir.path().join("state").display(),
+                dir.path().join("kt.log").display(),
+            ),
+            Path::new("test.toml"),
+        )
+        .expect("config");
+        let log = json_logger(&config.log_file, false);
+        let guard = Guard::new(
+            config,
+            "k8s.io",
+            "sb1",
+            log.clone(),
+            Events::start(None, String::new(), log),
+            Box::new(NoMetrics),
+        )
+        .expect("guard");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({
+                "ociVersion": "1.0.2",
+                "annotations": {
+                    "io.kubernetes.cri.container-type": "container",
+                    "io.kubernetes.cri.sandbox-id": "sb1",
+                    "io.kubernetes.cri.container-name": "app",
+                    "io.kubernetes.cri.sandbox-name": "pod",
+                    "io.kubernetes.cri.sandbox-namespace": "ns",
+                    "kata-topo.io/numa-nodes": "1"
+                },
+                "linux": {"resources": {"cpu": {"cpus": "1", "quota": 100000, "period": 100000}},
+                          "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]}
+            })
+            .to_string(),
+        )
+        .expect("spec");
+        Fixture { dir, guard }
+    }
+
+    impl Fixture {
+        fn finding_lines(&self) -> usize {
+            std::fs::read_to_string(self.dir.path().join("kt.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("\"event\":\"finding\""))
+                .count()
+        }
+
+        fn create(&self) {
+            match self.guard.on_create("c1", &self.dir.path().join("bundle")) {
+                Outcome::Forward(Some(after)) => self.guard.commit(after, Some(7)),
+                other => panic!("create: {other:?}"),
+            }
+        }
+
+        fn update(&self, json: &str) -> Outcome {
+            let outcome = self.guard.on_update("c1", json.as_bytes());
+            if let Outcome::Forward(Some(after)) = &outcome {
+                self.guard.commit(after.clone(), None);
+            }
+            outcome
+        }
+    }
+
+    #[test]
+    fn repeated_identical_findings_are_announced_once() {
+        let f = fixture("audit");
+        f.create();
+        assert_eq!(f.finding_lines(), 0);
+        let cross = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
+        f.update(cross);
+        let first = f.finding_lines();
+        assert_eq!(first, 2, "cpu-outside-intent and vfio-remote");
+        // The reconcile loop pushes the same cpuset: a noop with the same findings.
+        f.update(cross);
+        f.update(cross);
+        assert_eq!(f.finding_lines(), first);
+        // Back on node 1: clean, re-arms; crossing again is announced again.
+        f.update(r#"{"cpu":{"cpus":"1"}}"#);
+        assert_eq!(f.finding_lines(), first);
+        f.update(cross);
+        assert_eq!(f.finding_lines(), first * 2);
+        // The latest verdict is always kept for `kata-topo status`.
+        let kept = f.guard.state_dir().join("verdicts/c1.json");
+        let v: Verdict =
+            serde_json::from_slice(&std::fs::read(kept).expect("verdict")).expect("json");
+        assert_eq!(v.findings.len(), 2);
+    }
+
+    #[test]
+    fn enforce_refuses_with_failed_precondition_naming_rule_and_pod() {
+        let f = fixture("enforce");
+        f.create();
+        match f.update(r#"{"cpu":{"cpus":"0"}}"#) {
+            Outcome::Refuse(e) => {
+                assert_eq!(e.code(), Code::FailedPrecondition);
+                let m = e.to_string();
+                assert!(
+                    m.contains("vfio-remote") && m.contains("ns/pod") && m.contains("expected"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The refused update was not committed: the task still has its create-time resources.
+        let record = f.guard.state.task("c1").expect("read").expect("task");
+        assert_eq!(record.resources, None);
+        assert_eq!(record.pid, Some(7));
+        assert!(matches!(
+            f.update(r#"{"cpu":{"quota":200000}}"#),
+            Outcome::Forward(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_tasks_and_malformed_updates_are_check_failed_not_refused() {
+        let f = fixture("enforce");
+        assert!(matches!(
+            f.guard.on_update("nobody", b"{}"),
+            Outcome::Forward(None)
+        ));
+        f.create();
+        assert!(matches!(
+            f.guard.on_update("c1", b"{not json"),
+            Outcome::Forward(None)
+        ));
+        let log = std::fs::read_to_string(f.dir.path().join("kt.log")).expect("log");
+        assert!(
+            log.contains("check-failed") && log.contains("was not created through this wrapper"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn sandbox_delete_removes_the_pod_state() {
+        let f = fixture("audit");
+        f.create();
+        assert!(f
+            .guard
+            .state
+            .container_baseline("app")
+            .expect("read")
+            .is_some());
+        if let Outcome::Forward(Some(after)) = f.guard.on_delete("c1") {
+            f.guard.commit(after, None);
+        }
+        assert!(f.guard.state.task("c1").expect("read").is_none());
+        assert!(
+            f.guard
+                .state
+                .container_baseline("app")
+                .expect("read")
+                .is_some(),
+            "kept for a recreate"
+        );
+        if let Outcome::Forward(Some(after)) = f.guard.on_delete("sb1") {
+            f.guard.commit(after, None);
+        }
+        assert!(!f.guard.state_dir().exists());
+    }
 }

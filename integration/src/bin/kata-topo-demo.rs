@@ -1,0 +1,154 @@
+//! `make demo`: a private containerd with the `kata-topo` runtime handler (delegating to runc),
+//! a simulated two-node host whose nodes are this machine's CPUs 0 and 1 with a GPU passed
+//! through with VFIO on node 1, a pod run through CRI — and what an operator sees when in-place
+//! updates move it across NUMA nodes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use kata_topo_integration::{bin_dir, workspace, Containerd, Guard, Res};
+
+fn step(title: &str) {
+    println!("\n\x1b[1m== {title}\x1b[0m");
+}
+
+fn show_findings(c: &Containerd, seen: &mut usize) {
+    let lines = c.findings();
+    if lines.len() == *seen {
+        println!("(no new finding in {})", c.log_file.display());
+    }
+    for l in &lines[*seen..] {
+        println!("log: {l}");
+    }
+    *seen = lines.len();
+}
+
+fn main() {
+    let c = Containerd::start(Guard::default());
+    let events = c.events();
+    let mut seen = 0;
+
+    step("The node: containerd 1.6 with runtime handler kata-topo -> containerd-shim-kata-topo-v2 -> containerd-shim-runc-v2");
+    println!("{}", std::fs::read_to_string(&c.config).unwrap_or_default());
+    let topo = Command::new(bin_dir().join("kata-topo"))
+        .arg("topology")
+        .arg("--topology")
+        .arg(workspace().join("scenario/two-node-host.xml"))
+        .arg("--sysfs")
+        .arg(c.sysfs.root())
+        .output()
+        .expect("kata-topo topology");
+    print!("{}", String::from_utf8_lossy(&topo.stdout));
+
+    step("The kubelet admits pod ml/trainer-pod (single-numa-node, numa-nodes 1): CPU 1 and GPU /dev/vfio/42");
+    let mut cri = c.cri();
+    let annotations = [
+        ("kata-topo.io/policy", "single-numa-node"),
+        ("kata-topo.io/numa-nodes", "1"),
+    ];
+    let cfg = cri.pod_config("trainer-pod", &annotations);
+    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+    let admitted = Res {
+        cpus: "1",
+        quota: 100_000,
+        memory: 256 << 20,
+        ..Res::default()
+    };
+    let id = cri
+        .start_container(&pod, &cfg, "trainer", &admitted, true)
+        .expect("StartContainer");
+    println!("container {id} runs on CPUs {}", cri.allowed_cpus(&id));
+    show_findings(&c, &mut seen);
+
+    step("In-place resize (KEP-1287): quota 1.5 CPUs, 512 MiB, same cpuset");
+    let resized = Res {
+        quota: 150_000,
+        memory: 512 << 20,
+        ..admitted.clone()
+    };
+    cri.update(&id, &resized).expect("resize");
+    show_findings(&c, &mut seen);
+
+    step("CPU-manager reconcile pushes cpuset 0 (node 0): the GPU's DMA now crosses sockets");
+    let pushed = Res {
+        cpus: "0",
+        ..resized.clone()
+    };
+    cri.update(&id, &pushed).expect("audit mode forwards");
+    println!("container {id} now runs on CPUs {}", cri.allowed_cpus(&id));
+    show_findings(&c, &mut seen);
+    if let Some(line) = events.wait_for("/kata-topo/mismatch", Duration::from_secs(5)) {
+        println!("ctr events: {line}");
+    }
+
+    step("The reconcile loop pushes the same cpuset 10 s later: not announced again");
+    cri.update(&id, &pushed).expect("repeat");
+    show_findings(&c, &mut seen);
+
+    step("The container is recreated in its running pod (image update) with cpuset 0-1");
+    cri.remove_container(&id);
+    let recreated = cri
+        .start_container(
+            &pod,
+            &cfg,
+            "trainer",
+            &Res {
+                cpus: "0-1",
+                ..admitted.clone()
+            },
+            true,
+        )
+        .expect("recreate");
+    show_findings(&c, &mut seen);
+    cri.remove_container(&recreated);
+    cri.remove_pod(&pod);
+
+    step("Enforce mode (kata-topo.io/mode: enforce): the same push is refused");
+    let strict = cri.pod_config(
+        "strict-pod",
+        &[
+            ("kata-topo.io/policy", "single-numa-node"),
+            ("kata-topo.io/numa-nodes", "1"),
+            ("kata-topo.io/mode", "enforce"),
+        ],
+    );
+    let pod = cri.run_pod(&strict, "kata-topo").expect("RunPodSandbox");
+    let id = cri
+        .start_container(&pod, &strict, "trainer", &admitted, true)
+        .expect("StartContainer");
+    match cri.update(
+        &id,
+        &Res {
+            cpus: "0",
+            ..admitted.clone()
+        },
+    ) {
+        Ok(()) => println!("unexpected: the update went through"),
+        Err(status) => println!(
+            "UpdateContainerResources -> {:?}: {}",
+            status.code(),
+            status.message()
+        ),
+    }
+    let (state, _) = cri.status(&id);
+    println!(
+        "container {id} state {} on CPUs {} (unchanged)",
+        if state == kata_topo_integration::RUNNING {
+            "RUNNING"
+        } else {
+            "NOT RUNNING"
+        },
+        cri.allowed_cpus(&id)
+    );
+    show_findings(&c, &mut seen);
+    cri.remove_pod(&pod);
+
+    step("Clean-up: containerd, shims, wrapper sockets and state");
+    drop(events);
+    let left = c.wait_clean(Duration::from_secs(15));
+    if left.is_empty() {
+        println!("nothing left behind");
+    } else {
+        println!("left behind: {left:#?}");
+    }
+}

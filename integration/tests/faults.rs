@@ -1,0 +1,195 @@
+//! Faults: a delegate or a wrapper killed with SIGKILL, containerd restarted under a running
+//! pod, a malformed `[topology_guard]`, an unreadable topology.
+
+use std::time::Duration;
+
+use kata_topo_integration::{alive, eventually, Containerd, Guard, Res, BUSYBOX, RUNNING};
+
+const KT: &str = "io.containerd.kata-topo.v2";
+
+/// Starts a background task through the wrapper; returns the container process's pid.
+fn run_bg(c: &Containerd, id: &str) -> u32 {
+    let out = c.ctr(&["run", "-d", "--runtime", KT, BUSYBOX, id, "sleep", "300"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ls = String::from_utf8_lossy(&c.ctr(&["task", "ls"]).stdout).into_owned();
+    ls.lines()
+        .find(|l| l.starts_with(id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid for {id} in {ls}"))
+}
+
+fn cleanup_task(c: &Containerd, id: &str) {
+    let _ = c.ctr(&["task", "delete", "-f", id]);
+    let out = c.ctr(&["container", "delete", id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
+    let c = Containerd::start(Guard::default());
+    let pid = run_bg(&c, "victim");
+    let delegate = c.pids_matching("containerd-shim-runc-v2");
+    let wrapper = c.pids_matching("kata-topo-daemon");
+    assert_eq!(
+        (delegate.len(), wrapper.len()),
+        (1, 1),
+        "{:?}",
+        c.leftover_processes()
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &delegate[0].to_string()])
+        .status();
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(wrapper[0])),
+        "the wrapper must exit when its delegate dies"
+    );
+    cleanup_task(&c, "victim");
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(pid)),
+        "the container process is gone"
+    );
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+#[test]
+fn wrapper_killed_delete_cleans_the_delegate_up() {
+    let c = Containerd::start(Guard::default());
+    let pid = run_bg(&c, "orphan");
+    let delegate = c.pids_matching("containerd-shim-runc-v2");
+    let wrapper = c.pids_matching("kata-topo-daemon");
+    assert_eq!(
+        (delegate.len(), wrapper.len()),
+        (1, 1),
+        "{:?}",
+        c.leftover_processes()
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &wrapper[0].to_string()])
+        .status();
+    // containerd notices the dropped connection and runs `delete`, which must stop the
+    // delegate through its RPCs.
+    assert!(
+        eventually(Duration::from_secs(15), || !alive(delegate[0])),
+        "the delegate must not leak: {:?}",
+        c.leftover_processes()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(pid)),
+        "the container process is gone"
+    );
+    cleanup_task(&c, "orphan");
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+#[test]
+fn containerd_restart_reconnects_through_the_wrapper() {
+    let mut c = Containerd::start(Guard::default());
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("survivor", &[("kata-topo.io/numa-nodes", "1")]);
+    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+    let res = Res {
+        cpus: "1",
+        quota: 100_000,
+        memory: 256 << 20,
+        ..Res::default()
+    };
+    let id = cri
+        .start_container(&pod, &cfg, "app", &res, true)
+        .expect("start");
+    let wrapper = c.pids_matching("kata-topo-daemon");
+    drop(cri);
+    c.restart();
+    let mut cri = c.cri();
+    assert_eq!(cri.status(&id).0, RUNNING);
+    assert_eq!(
+        c.pids_matching("kata-topo-daemon"),
+        wrapper,
+        "the same wrapper serves on"
+    );
+    cri.update(
+        &id,
+        &Res {
+            cpus: "0",
+            ..res.clone()
+        },
+    )
+    .expect("audit forwards");
+    assert!(
+        c.findings()
+            .iter()
+            .any(|l| l["rule"] == "vfio-remote" && l["operation"] == "update"),
+        "an update after the restart is still checked: {:#?}",
+        c.log_lines()
+    );
+    assert_eq!(cri.allowed_cpus(&id), "0");
+    cri.remove_pod(&pod);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+#[test]
+fn malformed_configuration_fails_pod_start_naming_the_key() {
+    let c = Containerd::start(Guard {
+        extra: "mood = \"audit\"".into(),
+        ..Guard::default()
+    });
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("misconfigured", &[]);
+    let err = cri.run_pod(&cfg, "kata-topo").expect_err("start must fail");
+    assert!(err.message().contains("mood"), "{err:?}");
+    assert!(err.message().contains("topology_guard"), "{err:?}");
+    let out = c.ctr(&["run", "--rm", "--runtime", KT, BUSYBOX, "x", "true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mood"));
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+#[test]
+fn unreadable_topology_is_check_failed_and_the_pod_runs() {
+    let c = Containerd::start(Guard {
+        topology_xml: Some("/nonexistent/host.xml".into()),
+        ..Guard::default()
+    });
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("blind", &[]);
+    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+    let res = Res {
+        cpus: "1",
+        quota: 100_000,
+        memory: 256 << 20,
+        ..Res::default()
+    };
+    let id = cri
+        .start_container(&pod, &cfg, "app", &res, false)
+        .expect("start");
+    cri.update(
+        &id,
+        &Res {
+            cpus: "0",
+            ..res.clone()
+        },
+    )
+    .expect("forwarded");
+    assert_eq!(cri.status(&id).0, RUNNING);
+    let failed: Vec<_> = c
+        .findings()
+        .into_iter()
+        .filter(|l| l["rule"] == "check-failed")
+        .collect();
+    assert!(!failed.is_empty(), "{:#?}", c.log_lines());
+    assert!(failed[0]["msg"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("/nonexistent/host.xml"));
+    assert_eq!(failed[0]["severity"], "warning");
+    cri.remove_pod(&pod);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}

@@ -1,0 +1,94 @@
+//! The full task lifecycle with `ctr` through the wrapper, side by side with the plain runc
+//! handler: the same exit codes and output, and nothing left behind.
+
+use std::process::Output;
+use std::time::Duration;
+
+use kata_topo_integration::{Containerd, Guard, BUSYBOX};
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs the same sequence under a runtime and returns what a user would compare.
+fn sequence(c: &Containerd, runtime: &str, tag: &str) -> Vec<(String, Option<i32>, String)> {
+    let mut seen = Vec::new();
+    let mut record = |what: &str, o: Output| {
+        seen.push((what.to_string(), o.status.code(), text(&o)));
+    };
+    let run_id = format!("run-{tag}");
+    record(
+        "run",
+        c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            runtime,
+            BUSYBOX,
+            &run_id,
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+        ]),
+    );
+    let bg = format!("bg-{tag}");
+    let started = c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        runtime,
+        BUSYBOX,
+        &bg,
+        "sleep",
+        "300",
+    ]);
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    record(
+        "exec",
+        c.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "e1",
+            &bg,
+            "sh",
+            "-c",
+            "echo in-exec; exit 4",
+        ]),
+    );
+    let status = c.ctr(&["task", "ls"]);
+    assert!(text(&status).contains(&bg) && text(&status).contains("RUNNING"));
+    record("kill", c.ctr(&["task", "kill", "-s", "KILL", &bg]));
+    let waited = c.ctr(&["task", "wait", &bg]);
+    record("wait", waited);
+    record("delete", c.ctr(&["task", "delete", &bg]));
+    record("container-delete", c.ctr(&["container", "delete", &bg]));
+    seen
+}
+
+#[test]
+fn lifecycle_through_the_wrapper_matches_runc() {
+    let c = Containerd::start(Guard::default());
+    let wrapped = sequence(&c, "io.containerd.kata-topo.v2", "kt");
+    let plain = sequence(&c, "io.containerd.runc.v2", "runc");
+    assert_eq!(wrapped, plain, "the wrapper must be invisible");
+    assert_eq!(
+        wrapped[0],
+        ("run".to_string(), Some(7), "out\n".to_string())
+    );
+    assert_eq!(wrapped[1].1, Some(4));
+    assert!(wrapped[1].2.contains("in-exec"));
+    assert_eq!(wrapped[2].1, Some(0), "kill {:?}", wrapped[2]);
+    assert_eq!(wrapped[4].1, Some(0), "task delete {:?}", wrapped[4]);
+    let log = c.log_lines();
+    assert!(
+        log.iter().any(|l| l["event"] == "daemon-started"),
+        "{log:#?}"
+    );
+    assert!(log.iter().any(|l| l["event"] == "daemon-exit"));
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
