@@ -49,6 +49,8 @@ test: lint unit integration
 
 bench: deps
 	$(CARGO) bench -p kata-topo-core --locked --bench check
+	$(CARGO) build --release --workspace --locked --bins
+	KATA_TOPO_BIN_DIR=$(CURDIR)/target/release $(CARGO) bench -p kata-topo-integration --locked --bench shim
 
 demo: build-all
 	@$(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo

@@ -35,10 +35,6 @@ pub struct Args {
     pub debug: bool,
     /// Daemon only: the listening socket's fd.
     pub listen_fd: Option<i32>,
-    /// Daemon only: the delegate's address.
-    pub delegate: String,
-    /// Daemon only: the delegate's task API version (2 or 3).
-    pub delegate_version: u32,
     /// Daemon only: the configuration file `start` resolved ("" for defaults).
     pub config: String,
     /// Daemon only: the group (pod) this daemon serves.
@@ -69,7 +65,6 @@ impl Args {
     pub fn parse(argv: &[String]) -> Result<Self, ArgsError> {
         let mut a = Self {
             raw: argv.to_vec(),
-            delegate_version: 2,
             ..Self::default()
         };
         let mut i = 0;
@@ -93,8 +88,6 @@ impl Args {
                     | "bundle"
                     | "socket"
                     | "listen-fd"
-                    | "delegate"
-                    | "delegate-version"
                     | "config"
                     | "group"
             );
@@ -120,8 +113,6 @@ impl Args {
                 "bundle" => a.bundle = value,
                 "debug" => a.debug = inline.as_deref() != Some("false"),
                 "listen-fd" => a.listen_fd = Some(number(name, &value)?),
-                "delegate" => a.delegate = value,
-                "delegate-version" => a.delegate_version = number(name, &value)?,
                 "config" => a.config = value,
                 "group" => a.group = value,
                 "v" | "version" => {
@@ -170,9 +161,17 @@ mod tests {
         assert_eq!(parse("-namespace=ns -id=x start").namespace, "ns");
         assert_eq!(parse("-v").action(), Action::Version);
         assert_eq!(parse("-info").action(), Action::Other);
-        let daemon = parse("-namespace n -id g -listen-fd 3 -delegate unix:///x -delegate-version 3 kata-topo-daemon");
+        let daemon =
+            parse("-namespace n -id t -group g -listen-fd 3 -config /c.toml kata-topo-daemon");
         assert_eq!(daemon.action(), Action::Daemon);
-        assert_eq!((daemon.listen_fd, daemon.delegate_version), (Some(3), 3));
+        assert_eq!(
+            (
+                daemon.listen_fd,
+                daemon.group.as_str(),
+                daemon.config.as_str()
+            ),
+            (Some(3), "g", "/c.toml")
+        );
     }
 
     #[test]

@@ -8,12 +8,15 @@
 //! its socket. `Shutdown` is forwarded like any call: the delegate decides whether to exit.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use prost::Message;
 use slog::Logger;
@@ -127,47 +130,45 @@ fn watch_signals(tx: Sender<Exit>) {
 }
 
 /// Answers a request frame with a status instead of forwarding it.
-fn refuse(client: &Mutex<UnixStream>, stream_id: u32, error: &ShimError) {
+fn refuse(client: &mut UnixStream, stream_id: u32, error: &ShimError) -> std::io::Result<()> {
     let response = Response {
         status: Some(error.status()),
         payload: Vec::new(),
     };
-    let frame = Frame {
+    Frame {
         stream_id,
         kind: TYPE_RESPONSE,
         flags: 0,
         payload: response.encode_to_vec(),
-    };
-    let mut w = client.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = frame.write(&mut *w);
+    }
+    .write(client)
+}
+
+/// What to do with a request on its way to the delegate.
+enum Route {
+    /// Forward this frame.
+    Forward(Frame),
+    /// The wrapper answers it.
+    Answer(ShimError),
 }
 
 /// Looks at a request on its way to the delegate: checks `Create`/`Update`, notes `Delete`,
-/// and renames the service to the one the delegate speaks. Returns the frame to forward, or
-/// `None` when the wrapper answered it.
+/// and renames the service to the one the delegate speaks.
 fn inspect(
     mut frame: Frame,
     delegate: &Delegate,
     guard: &Guard,
-    pending: &Mutex<HashMap<u32, After>>,
-    client: &Mutex<UnixStream>,
-) -> Option<Frame> {
+    pending: &mut HashMap<u32, After>,
+) -> Route {
     if frame.kind != TYPE_REQUEST {
-        return Some(frame);
+        return Route::Forward(frame);
     }
     let mut request = match Request::decode(frame.payload.as_slice()) {
         Ok(r) => r,
-        Err(e) => {
-            refuse(
-                client,
-                frame.stream_id,
-                &ShimError::BadRequest(e.to_string()),
-            );
-            return None;
-        }
+        Err(e) => return Route::Answer(ShimError::BadRequest(e.to_string())),
     };
     if !is_task_service(&request.service) {
-        return Some(frame);
+        return Route::Forward(frame);
     }
     let outcome = match request.method.as_str() {
         "Create" => CreateTaskRequest::decode(request.payload.as_slice())
@@ -186,15 +187,9 @@ fn inspect(
         _ => None,
     };
     match outcome {
-        Some(Outcome::Refuse(error)) => {
-            refuse(client, frame.stream_id, &error);
-            return None;
-        }
+        Some(Outcome::Refuse(error)) => return Route::Answer(error),
         Some(Outcome::Forward(Some(after))) => {
-            pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(frame.stream_id, after);
+            pending.insert(frame.stream_id, after);
         }
         Some(Outcome::Forward(None)) | None => {}
     }
@@ -202,96 +197,114 @@ fn inspect(
         request.service = delegate.service.to_string();
         frame.payload = request.encode_to_vec();
     }
-    Some(frame)
+    Route::Forward(frame)
 }
 
-/// One containerd connection: two pumps until either side closes.
-fn proxy(client: UnixStream, delegate: &Delegate, guard: &Arc<Guard>, log: &Logger) {
-    let client_writer = match client.try_clone() {
-        Ok(c) => Arc::new(Mutex::new(c)),
-        Err(_) => return,
+/// Applies what the delegate accepted, when a response answers a pending request.
+fn settle(frame: &Frame, guard: &Guard, pending: &mut HashMap<u32, After>) {
+    if frame.kind != TYPE_RESPONSE {
+        return;
+    }
+    let Some(after) = pending.remove(&frame.stream_id) else {
+        return;
     };
-    let mut client_reader = client;
+    if let Ok(response) = Response::decode(frame.payload.as_slice()) {
+        if response.code() == 0 {
+            let pid = CreateTaskResponse::decode(response.payload.as_slice())
+                .ok()
+                .map(|r| r.pid)
+                .filter(|&p| p > 0);
+            guard.commit(after, pid);
+        }
+    }
+}
+
+/// Answers every request with UNAVAILABLE until containerd hangs up.
+fn unavailable(client: UnixStream, error: &ShimError) {
+    let Ok(mut writer) = client.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(client);
+    while let Ok(Some(frame)) = Frame::read(&mut reader) {
+        if frame.kind == TYPE_REQUEST && refuse(&mut writer, frame.stream_id, error).is_err() {
+            return;
+        }
+    }
+}
+
+/// One containerd connection, one delegate connection, one thread: poll both, pass frames.
+/// One thread (rather than a pump per direction) keeps a request and its response on the
+/// same CPU and needs no locks.
+fn proxy(client: UnixStream, delegate: &Delegate, guard: &Arc<Guard>, log: &Logger) {
     let upstream = match delegate.connect() {
         Ok(u) => u,
         Err(source) => {
-            // Answer every request with UNAVAILABLE until containerd hangs up.
             let error = ShimError::DelegateUnavailable {
                 address: delegate.address.clone(),
                 source,
             };
-            while let Ok(Some(frame)) = Frame::read(&mut client_reader) {
-                if frame.kind == TYPE_REQUEST {
-                    refuse(&client_writer, frame.stream_id, &error);
-                }
-            }
-            return;
+            return unavailable(client, &error);
         }
     };
-    let pending: Arc<Mutex<HashMap<u32, After>>> = Arc::new(Mutex::new(HashMap::new()));
-    let mut upstream_reader = match upstream.try_clone() {
-        Ok(u) => u,
-        Err(_) => return,
+    let (Ok(mut client_w), Ok(mut upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
+        return;
     };
-    let mut upstream_writer = upstream;
-
-    // delegate -> containerd
-    let back = {
-        let (client_writer, pending, guard) =
-            (client_writer.clone(), pending.clone(), guard.clone());
-        std::thread::Builder::new()
-            .name("pump-back".into())
-            .spawn(move || {
-                while let Ok(Some(frame)) = Frame::read(&mut upstream_reader) {
-                    if frame.kind == TYPE_RESPONSE {
-                        let after = pending
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&frame.stream_id);
-                        if let Some(after) = after {
-                            if let Ok(response) = Response::decode(frame.payload.as_slice()) {
-                                if response.code() == 0 {
-                                    let pid =
-                                        CreateTaskResponse::decode(response.payload.as_slice())
-                                            .ok()
-                                            .map(|r| r.pid)
-                                            .filter(|&p| p > 0);
-                                    guard.commit(after, pid);
-                                }
-                            }
-                        }
-                    }
-                    let mut w = client_writer.lock().unwrap_or_else(|e| e.into_inner());
-                    if frame.write(&mut *w).is_err() {
-                        break;
-                    }
-                }
-                let w = client_writer.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = w.shutdown(Shutdown::Both);
-            })
-    };
-
-    // containerd -> delegate
+    // Buffered reads: a frame's header and payload usually arrive in one read.
+    let mut client_r = BufReader::with_capacity(64 * 1024, client);
+    let mut upstream_r = BufReader::with_capacity(64 * 1024, upstream);
+    let mut pending: HashMap<u32, After> = HashMap::new();
     loop {
-        match Frame::read(&mut client_reader) {
-            Ok(Some(frame)) => {
-                if let Some(frame) = inspect(frame, delegate, guard, &pending, &client_writer) {
-                    if upstream_writer.write_all(&frame.encode()).is_err() {
+        let (mut from_client, mut from_upstream) = (
+            !client_r.buffer().is_empty(),
+            !upstream_r.buffer().is_empty(),
+        );
+        if !from_client && !from_upstream {
+            let mut fds = [
+                PollFd::new(client_r.get_ref().as_fd(), PollFlags::POLLIN),
+                PollFd::new(upstream_r.get_ref().as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+            from_client = ready(&fds[0]);
+            from_upstream = ready(&fds[1]);
+        }
+        if from_upstream {
+            match Frame::read(&mut upstream_r) {
+                Ok(Some(frame)) => {
+                    settle(&frame, guard, &mut pending);
+                    if frame.write(&mut client_w).is_err() {
                         break;
                     }
                 }
+                Ok(None) | Err(_) => break,
             }
-            Ok(None) => break,
-            Err(e) => {
-                slog::debug!(log, "connection closed"; "error" => e.to_string());
-                break;
+        }
+        if from_client {
+            match Frame::read(&mut client_r) {
+                Ok(Some(frame)) => {
+                    let stream_id = frame.stream_id;
+                    let sent = match inspect(frame, delegate, guard, &mut pending) {
+                        Route::Forward(frame) => upstream_w.write_all(&frame.encode()),
+                        Route::Answer(error) => refuse(&mut client_w, stream_id, &error),
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    slog::debug!(log, "connection closed"; "error" => e.to_string());
+                    break;
+                }
             }
         }
     }
-    let _ = upstream_writer.shutdown(Shutdown::Both);
-    if let Ok(handle) = back {
-        let _ = handle.join();
-    }
+    let _ = upstream_w.shutdown(Shutdown::Both);
+    let _ = client_w.shutdown(Shutdown::Both);
 }
 
 /// Removes a socket file if nothing listens on it any more.

@@ -3,10 +3,10 @@
 //! Delete, Shutdown) and answer with its `DeleteResponse`. Otherwise hand `delete` to the
 //! delegate.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use prost::Message;
@@ -24,8 +24,6 @@ fn alive(address: &str) -> bool {
 
 /// Runs `delete`.
 pub fn run(args: &Args) -> ExitCode {
-    let mut stdin = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut stdin);
     let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
     let mut config = Config::resolve(None, env_path.as_deref())
         .map(|(c, _)| c)
@@ -51,7 +49,7 @@ pub fn run(args: &Args) -> ExitCode {
             after_cleanup(&info, &config, &args.id);
         }
     }
-    hand_to_delegate(&config, args, &stdin)
+    hand_to_delegate(&config, args)
 }
 
 /// Kill, Delete, Shutdown through the delegate's task API; the Delete reply is the answer.
@@ -125,40 +123,13 @@ fn after_cleanup(info: &BundleInfo, config: &Config, id: &str) {
     }
 }
 
-/// Execs the delegate's own `delete` with our argv, stdin and cwd; passes its output through.
-fn hand_to_delegate(config: &Config, args: &Args, stdin: &[u8]) -> ExitCode {
-    let child = Command::new(&config.delegate_shim)
-        .args(&args.raw)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "kata-topo: cannot run the delegate shim {:?} for delete: {e}",
-                config.delegate_shim
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Some(mut pipe) = child.stdin.take() {
-        let _ = pipe.write_all(stdin);
-    }
-    match child.wait_with_output() {
-        Ok(out) => {
-            let _ = std::io::stdout().write_all(&out.stdout);
-            let _ = std::io::stderr().write_all(&out.stderr);
-            match out.status.code() {
-                Some(0) => ExitCode::SUCCESS,
-                Some(c) => ExitCode::from(c.clamp(1, 255) as u8),
-                None => ExitCode::FAILURE,
-            }
-        }
-        Err(e) => {
-            eprintln!("kata-topo: delegate delete failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+/// Becomes the delegate's own `delete` (exec: same argv, stdin, stdout, cwd).
+fn hand_to_delegate(config: &Config, args: &Args) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let error = Command::new(&config.delegate_shim).args(&args.raw).exec();
+    eprintln!(
+        "kata-topo: cannot run the delegate shim {:?} for delete: {error}",
+        config.delegate_shim
+    );
+    ExitCode::FAILURE
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo::check::{check_failed, failed_verdict};
@@ -65,6 +65,8 @@ struct HostSlot {
     host: Option<Arc<Host>>,
     error: Option<String>,
     loaded_at: Option<SystemTime>,
+    /// Whether a first load has finished (successfully or not).
+    tried: bool,
 }
 
 /// The checks of one pod's wrapper daemon.
@@ -75,6 +77,7 @@ pub struct Guard {
     sysfs: Sysfs,
     state: GroupState,
     announced: Mutex<HashMap<(String, String), String>>,
+    first_load: (Mutex<bool>, Condvar),
     log: Logger,
     events: Events,
     metrics: Box<dyn Metrics>,
@@ -94,8 +97,9 @@ fn topology_source(config: &Config) -> TopologySource {
 }
 
 impl Guard {
-    /// A guard for one pod. Loads the topology now; a failure is kept and reported as
-    /// `check-failed` on every request until a refresh succeeds.
+    /// A guard for one pod. The topology is loaded by [`Guard::spawn_refresher`] (or
+    /// [`Guard::refresh`]); a failure is kept and reported as `check-failed` on every request
+    /// until a refresh succeeds.
     pub fn new(
         config: Config,
         namespace: &str,
@@ -112,7 +116,9 @@ impl Guard {
                 host: None,
                 error: None,
                 loaded_at: None,
+                tried: false,
             }),
+            first_load: (Mutex::new(false), Condvar::new()),
             state,
             announced: Mutex::new(HashMap::new()),
             log,
@@ -120,7 +126,6 @@ impl Guard {
             metrics,
             config,
         };
-        guard.refresh();
         Ok(guard)
     }
 
@@ -150,24 +155,47 @@ impl Guard {
                 slot.error = Some(message);
             }
         }
+        slot.tried = true;
+        drop(slot);
+        let (done, cv) = &self.first_load;
+        *done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
     }
 
-    /// Spawns the thread that refreshes the topology every `topology_refresh_seconds`.
+    /// Spawns the thread that loads the topology now, off the request path (the daemon serves
+    /// while it loads; the first check waits for it), then every `topology_refresh_seconds`.
     pub fn spawn_refresher(self: &Arc<Self>) {
         let period = self.config.topology_refresh_seconds;
-        if period == 0 {
-            return;
-        }
         let weak = Arc::downgrade(self);
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("topology-refresh".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_secs(period));
-                match weak.upgrade() {
-                    Some(guard) => guard.refresh(),
-                    None => return,
+            .spawn(move || {
+                if let Some(guard) = weak.upgrade() {
+                    guard.refresh();
+                }
+                if period == 0 {
+                    return;
+                }
+                loop {
+                    std::thread::sleep(Duration::from_secs(period));
+                    match weak.upgrade() {
+                        Some(guard) => guard.refresh(),
+                        None => return,
+                    }
                 }
             });
+        if spawned.is_err() {
+            self.refresh();
+        }
+    }
+
+    /// Waits (bounded) for the first topology load.
+    fn wait_first_load(&self) {
+        let (done, cv) = &self.first_load;
+        let guard = done.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = cv
+            .wait_timeout_while(guard, Duration::from_secs(30), |loaded| !*loaded)
+            .map_err(|e| e.into_inner());
     }
 
     fn defaults(&self) -> Defaults {
@@ -180,14 +208,19 @@ impl Guard {
 
     /// The host, and the reason it is stale or missing.
     fn host(&self) -> (Option<Arc<Host>>, Option<String>) {
+        self.wait_first_load();
         let slot = self.host.read().unwrap_or_else(|e| e.into_inner());
-        let stale = slot.error.as_ref().map(|e| match slot.loaded_at {
-            Some(t) => format!(
-                "topology refresh failed ({e}); checked against the topology loaded at {}",
-                rfc3339(t)
-            ),
-            None => format!("no host topology ({e})"),
-        });
+        let stale = slot
+            .error
+            .as_ref()
+            .map(|e| match slot.loaded_at {
+                Some(t) => format!(
+                    "topology refresh failed ({e}); checked against the topology loaded at {}",
+                    rfc3339(t)
+                ),
+                None => format!("no host topology ({e})"),
+            })
+            .or_else(|| (!slot.tried).then(|| "the host topology is still loading".to_string()));
         (slot.host.clone(), stale)
     }
 
@@ -534,6 +567,7 @@ mod tests {
             Box::new(NoMetrics),
         )
         .expect("guard");
+        guard.refresh();
         let bundle = dir.path().join("bundle");
         std::fs::create_dir_all(&bundle).expect("bundle");
         std::fs::write(

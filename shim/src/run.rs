@@ -74,6 +74,17 @@ fn listener_from_fd(fd: i32) -> Option<UnixListener> {
     Some(UnixListener::from(owned))
 }
 
+/// Reads `ADDRESS\nVERSION\n` from stdin (sent by `start`).
+fn read_delegate() -> Option<Delegate> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::io::stdin().take(4096).read_to_string(&mut text).ok()?;
+    let mut lines = text.lines();
+    let address = lines.next().filter(|a| !a.is_empty())?.to_string();
+    let version = lines.next().and_then(|v| v.parse().ok()).unwrap_or(2);
+    Some(Delegate::new(address, version))
+}
+
 fn daemon(args: &Args) -> ExitCode {
     // Our own session: containerd's process group and terminal signals are not ours.
     let _ = nix::unistd::setsid();
@@ -94,7 +105,6 @@ fn daemon(args: &Args) -> ExitCode {
         .ok()
         .and_then(|a| a.as_pathname().map(Path::to_path_buf))
         .unwrap_or_default();
-    let delegate = Delegate::new(args.delegate.clone(), args.delegate_version);
     let events = Events::start(
         std::env::var("TTRPC_ADDRESS").ok(),
         args.namespace.clone(),
@@ -116,6 +126,17 @@ fn daemon(args: &Args) -> ExitCode {
         }
     };
     guard.spawn_refresher();
+    // `start` sends the delegate's address and task API version once the delegate started;
+    // EOF means it failed to start, and this daemon has nothing to serve.
+    let delegate = match read_delegate() {
+        Some(d) => d,
+        None => {
+            slog::info!(log, "delegate did not start"; "event" => "daemon-exit", "sandbox_id" => &args.group);
+            let _ = std::fs::remove_file(&own_socket);
+            let _ = std::fs::remove_dir_all(guard.state_dir());
+            return ExitCode::FAILURE;
+        }
+    };
     slog::info!(log, "wrapper daemon started"; "event" => "daemon-started",
         "sandbox_id" => &args.group, "namespace" => &args.namespace,
         "delegate" => socket_path(&delegate.address), "pid" => std::process::id());

@@ -266,6 +266,14 @@ pub fn run(args: &Args) -> ExitCode {
     };
     let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let group = group_of(&bundle, &args.id);
+    let address = socket_address(&args.address, &args.namespace, &group);
+
+    // A new pod's daemon starts first, so that its set-up (configuration, topology load)
+    // overlaps the delegate's start; it learns the delegate's address through its stdin.
+    let daemon = match ensure_daemon(args, &config, config_file.as_deref(), &group, &address) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
 
     // The delegate's start, with our argv, environment, cwd and stdin.
     let child = Command::new(&config.delegate_shim)
@@ -291,6 +299,7 @@ pub fn run(args: &Args) -> ExitCode {
         Err(e) => return fail(format!("kata-topo: delegate start failed: {e}")),
     };
     if !output.status.success() {
+        // Dropping `daemon` closes its stdin: a new daemon exits and removes its socket.
         let _ = std::io::stdout().write_all(&output.stdout);
         let _ = std::io::stderr().write_all(&output.stderr);
         return ExitCode::from(output.status.code().unwrap_or(1).clamp(1, 255) as u8);
@@ -299,16 +308,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let address = socket_address(&args.address, &args.namespace, &group);
-    if let Err(e) = ensure_daemon(
-        args,
-        &config,
-        config_file.as_deref(),
-        &group,
-        &address,
-        &delegate_address,
-        version,
-    ) {
+    if let Err(e) = daemon.hand_over(&delegate_address, version) {
         return fail(e);
     }
     let info = BundleInfo {
@@ -333,6 +333,41 @@ pub fn run(args: &Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The pod's wrapper daemon as `start` sees it.
+enum Daemon {
+    /// Already serving the pod; `record` holds the delegate address it forwards to.
+    Running { record: PathBuf },
+    /// Just started; waiting on its stdin for the delegate's address and version.
+    Starting {
+        stdin: std::process::ChildStdin,
+        record: PathBuf,
+    },
+}
+
+impl Daemon {
+    /// Tells a new daemon where the delegate is; checks a running one forwards there.
+    fn hand_over(self, delegate_address: &str, version: u32) -> Result<(), String> {
+        match self {
+            Self::Running { record } => {
+                let known = std::fs::read_to_string(&record).unwrap_or_default();
+                if !known.is_empty() && known != delegate_address {
+                    return Err(format!(
+                        "kata-topo: the delegate answered {delegate_address}, but this pod's wrapper forwards to {known}"
+                    ));
+                }
+                Ok(())
+            }
+            Self::Starting { mut stdin, record } => {
+                std::fs::write(&record, delegate_address)
+                    .map_err(|e| format!("kata-topo: cannot write {}: {e}", record.display()))?;
+                stdin
+                    .write_all(format!("{delegate_address}\n{version}\n").as_bytes())
+                    .map_err(|e| format!("kata-topo: the wrapper daemon did not start: {e}"))
+            }
+        }
+    }
+}
+
 /// Reuses the pod's running daemon, or starts one on a freshly bound socket.
 fn ensure_daemon(
     args: &Args,
@@ -340,9 +375,7 @@ fn ensure_daemon(
     config_file: Option<&Path>,
     group: &str,
     address: &str,
-    delegate_address: &str,
-    version: u32,
-) -> Result<(), String> {
+) -> Result<Daemon, String> {
     let path = Path::new(socket_path(address));
     let state = GroupState::open(&config.state_dir, &args.namespace, group).map_err(|e| {
         format!(
@@ -352,13 +385,7 @@ fn ensure_daemon(
     })?;
     let record = state.dir().join("delegate");
     if UnixStream::connect(path).is_ok() {
-        let known = std::fs::read_to_string(&record).unwrap_or_default();
-        if !known.is_empty() && known != delegate_address {
-            return Err(format!(
-                "kata-topo: the delegate answered {delegate_address} for pod {group}, whose wrapper forwards to {known}"
-            ));
-        }
-        return Ok(());
+        return Ok(Daemon::Running { record });
     }
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
@@ -371,8 +398,6 @@ fn ensure_daemon(
     let listener = UnixListener::bind(path)
         .map_err(|e| format!("kata-topo: cannot listen on {}: {e}", path.display()))?;
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-    std::fs::write(&record, delegate_address)
-        .map_err(|e| format!("kata-topo: cannot write {}: {e}", record.display()))?;
     // The daemon inherits the listener as a plain fd.
     nix::fcntl::fcntl(
         listener.as_raw_fd(),
@@ -393,10 +418,6 @@ fn ensure_daemon(
         .arg(group)
         .arg("-listen-fd")
         .arg(listener.as_raw_fd().to_string())
-        .arg("-delegate")
-        .arg(delegate_address)
-        .arg("-delegate-version")
-        .arg(version.to_string())
         .arg("-config")
         .arg(
             config_file
@@ -408,12 +429,17 @@ fn ensure_daemon(
     }
     cmd.arg("kata-topo-daemon")
         .current_dir("/")
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    cmd.spawn()
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("kata-topo: cannot start the wrapper daemon: {e}"))?;
-    Ok(())
+    let stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| "kata-topo: the wrapper daemon has no stdin".to_string())?;
+    Ok(Daemon::Starting { stdin, record })
 }
 
 #[cfg(test)]

@@ -73,8 +73,9 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
+        // No fsync: the state lives under /run (tmpfs) and need not outlive the host; the
+        // rename alone keeps a reader from ever seeing a half-written file.
         f.write_all(bytes)?;
-        f.sync_data()?;
     }
     fs::rename(&tmp, path)
 }
