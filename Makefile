@@ -5,10 +5,10 @@ SHELL := /bin/bash
 CARGO ?= cargo
 # What building and testing need on Debian bookworm. hwlocality links the system hwloc 2.9
 # through `pkg-config --static`, which also wants libudev; the integration tests and the demo
-# run Debian's containerd 1.6 and runc, build images from busybox-static, and build the CRI
-# client with protoc.
+# run Debian's containerd 1.6 and runc, build images from busybox-static, build the CRI
+# client with protoc, and start a real QEMU for the VM view.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
-	containerd runc busybox-static protobuf-compiler
+	containerd runc busybox-static protobuf-compiler qemu-system-x86
 
 .PHONY: help deps build build-all test lint unit integration bench demo demo-cli clean
 

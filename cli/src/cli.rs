@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kata_topo::host::Locality;
+use kata_topo::kata::KataConfig;
 use kata_topo::request::RequestError;
+use kata_topo::vm::VmView;
 use kata_topo::{
     Baseline, Checker, ContainerSpec, Defaults, Host, Mode, Overrides, Policy, Request, Resources,
     Sysfs, TopologySource,
@@ -38,6 +40,22 @@ enum Command {
     Topology(TopologyArgs),
     /// Check one request (a create, a recreate or an update) and print the verdict.
     Check(CheckArgs),
+    /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
+    /// NUMA layout.
+    Vm(VmArgs),
+}
+
+#[derive(Debug, Args)]
+struct VmArgs {
+    /// The VMM's pid (Kata's Create reply carries it; `pgrep -f qemu`).
+    #[arg(long)]
+    pid: u32,
+    /// The procfs root.
+    #[arg(long, value_name = "ROOT", default_value = "/proc")]
+    procfs: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Where the host description comes from.
@@ -104,6 +122,16 @@ struct CheckArgs {
     /// The mode, over the pod's annotation and the default (audit).
     #[arg(long, value_name = "M")]
     mode: Option<Mode>,
+    /// Kata's configuration file (its `config.d/` drop-ins are read too): enables
+    /// `vcpu-pinning-lost` and `guest-numa-uncovered`.
+    #[arg(long, value_name = "FILE")]
+    kata_config: Option<PathBuf>,
+    /// The running VMM's pid: enables `vcpu-affinity-drift` and `vcpu-overlap`.
+    #[arg(long, value_name = "PID")]
+    vm_pid: Option<u32>,
+    /// The procfs root for --vm-pid.
+    #[arg(long, value_name = "ROOT", default_value = "/proc")]
+    procfs: PathBuf,
     /// Print the verdict as JSON.
     #[arg(long)]
     json: bool,
@@ -121,6 +149,7 @@ pub fn run() -> ExitCode {
     let result = match cli.command {
         Command::Topology(args) => topology(&args),
         Command::Check(args) => check(&args),
+        Command::Vm(args) => vm(&args),
     };
     match result {
         Ok(code) => code,
@@ -306,6 +335,14 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    let kata = match &args.kata_config {
+        Some(path) => Some(KataConfig::load(path)?.with_annotations(&spec.annotations)),
+        None => None,
+    };
+    let view = match args.vm_pid {
+        Some(pid) => Some(VmView::read(&args.procfs, pid)?),
+        None => None,
+    };
     let (host, sysfs) = args.host.load()?;
     let checker = Checker::new(&host, sysfs.as_ref(), Defaults::default());
     if let Some(out) = &args.record_baseline {
@@ -324,6 +361,8 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
             policy: args.policy,
             mode: args.mode,
         },
+        kata: kata.as_ref(),
+        vm: view.as_ref(),
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);
@@ -335,4 +374,48 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn vm(args: &VmArgs) -> Result<ExitCode> {
+    let view = VmView::read(&args.procfs, args.pid)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("VMM pid {} ({})", view.pid, view.comm);
+    if view.vcpu_threads_named {
+        println!("vCPU threads: {}", view.vcpus.len());
+        for v in &view.vcpus {
+            println!(
+                "  vCPU {:<3} tid {:<8} host CPUs {}",
+                v.index, v.tid, v.allowed_cpus
+            );
+        }
+    } else {
+        println!(
+            "vCPU threads: not identifiable (no thread named \"CPU n/KVM\": start QEMU with \
+             -name <name>,debug-threads=on)"
+        );
+    }
+    let policies: Vec<String> = view
+        .memory_policies
+        .iter()
+        .map(|(p, n)| format!("{p} ×{n}"))
+        .collect();
+    println!("memory policy (numa_maps): {}", policies.join(", "));
+    if !view.memory_nodes.is_empty() {
+        println!("memory bound to host nodes: {}", view.memory_nodes);
+    }
+    for g in &view.guest_nodes {
+        println!(
+            "guest node {}: memdev {} host nodes {} policy {}",
+            g.node_id,
+            g.memdev.as_deref().unwrap_or("-"),
+            g.host_nodes
+                .as_ref()
+                .map_or("-".to_string(), ToString::to_string),
+            g.policy.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

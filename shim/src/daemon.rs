@@ -201,7 +201,7 @@ fn inspect(
 }
 
 /// Applies what the delegate accepted, when a response answers a pending request.
-fn settle(frame: &Frame, guard: &Guard, pending: &mut HashMap<u32, After>) {
+fn settle(frame: &Frame, guard: &Arc<Guard>, pending: &mut HashMap<u32, After>) {
     if frame.kind != TYPE_RESPONSE {
         return;
     }

@@ -15,6 +15,9 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo::check::{check_failed, failed_verdict};
+use kata_topo::kata::KataConfig;
+use kata_topo::vm::VmView;
+use kata_topo::Rule;
 use kata_topo::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Host, Operation, Overrides, Request,
     Resources, Severity, Sysfs, TopologySource, UpdateClass, Verdict,
@@ -25,6 +28,10 @@ use crate::config::Config;
 use crate::error::ShimError;
 use crate::sinks::{log_verdict, rfc3339, Events, Metrics};
 use crate::state::{GroupState, TaskRecord};
+
+/// How long after the delegate applied a request the VM is looked at again (Kata re-pins
+/// vCPUs and rewrites the sandbox cgroup right after it answers).
+const OBSERVE_DELAY: Duration = Duration::from_millis(500);
 
 /// What to do with a request.
 #[derive(Debug)]
@@ -72,6 +79,7 @@ struct HostSlot {
 /// The checks of one pod's wrapper daemon.
 pub struct Guard {
     config: Config,
+    kata: KataConfig,
     group: String,
     host: RwLock<HostSlot>,
     sysfs: Sysfs,
@@ -102,6 +110,7 @@ impl Guard {
     /// until a refresh succeeds.
     pub fn new(
         config: Config,
+        kata: KataConfig,
         namespace: &str,
         group: &str,
         log: Logger,
@@ -125,6 +134,7 @@ impl Guard {
             events,
             metrics,
             config,
+            kata,
         };
         Ok(guard)
     }
@@ -298,9 +308,11 @@ impl Guard {
             (false, Some(_)) => Operation::Recreate,
             (false, None) => Operation::Create,
         };
+        let kata = self.kata.with_annotations(&spec.annotations);
         let request = Request {
             baseline: existing.as_ref(),
             container_id: Some(task_id),
+            kata: Some(&kata),
             ..Request::create(&spec)
         };
         let mut verdict = self.run_check(&request, operation, None);
@@ -365,6 +377,11 @@ impl Guard {
                 .as_deref()
                 .and_then(|n| self.state.container_baseline(n).unwrap_or(None))
         };
+        let kata = self.kata.with_annotations(&spec.annotations);
+        let vm = record
+            .pid
+            .and_then(|pid| VmView::read(&self.config.procfs_root, pid).ok())
+            .filter(VmView::is_vmm);
         let request = Request {
             spec: &spec,
             update: Some(&update),
@@ -372,8 +389,14 @@ impl Guard {
             baseline: baseline.as_ref(),
             container_id: Some(task_id),
             overrides: Overrides::default(),
+            kata: Some(&kata),
+            vm: vm.as_ref(),
         };
         let mut verdict = self.run_check(&request, Operation::Update, Some(class));
+        // The VM view informs the prediction (static sizing keeps the VM's vCPUs); what the
+        // VM really does is reported once the delegate applied the update (`observe`).
+        verdict.findings.retain(|f| !is_observed(f.rule));
+        verdict.decide();
         verdict.container_id = Some(task_id.to_string());
         let after = After::Updated {
             task_id: task_id.to_string(),
@@ -438,7 +461,82 @@ impl Guard {
     }
 
     /// Applies what the delegate accepted. `pid` is the pid a `Create` reply carried.
-    pub fn commit(&self, after: After, pid: Option<u32>) {
+    pub fn commit(self: &Arc<Self>, after: After, pid: Option<u32>) {
+        let observe = match &after {
+            After::Created {
+                task_id, record, ..
+            } if !record.sandbox => pid.map(|p| (task_id.clone(), p, None)),
+            After::Updated { task_id, .. } => self
+                .state
+                .task(task_id)
+                .ok()
+                .flatten()
+                .and_then(|r| r.pid)
+                .map(|p| (task_id.clone(), p, Some(()))),
+            _ => None,
+        };
+        self.apply(after, pid);
+        if let Some((task_id, vmm, _)) = observe {
+            let guard = Arc::clone(self);
+            let _ = std::thread::Builder::new()
+                .name("observe".into())
+                .spawn(move || guard.observe(&task_id, vmm));
+        }
+    }
+
+    /// Re-reads the VM once the delegate has applied a request and reports what the vCPU
+    /// threads really do (`vcpu-affinity-drift`, `vcpu-overlap`) as an `update` verdict. Waits
+    /// a bounded time for Kata to re-pin; a pid that is not a VMM (runc) is left alone.
+    fn observe(&self, task_id: &str, pid: u32) {
+        std::thread::sleep(OBSERVE_DELAY);
+        let Ok(view) = VmView::read(&self.config.procfs_root, pid) else {
+            return;
+        };
+        if !view.is_vmm() {
+            return;
+        }
+        let Some(record) = self.state.task(task_id).ok().flatten() else {
+            return;
+        };
+        let Ok(spec) = ContainerSpec::from_file(&record.bundle.join("config.json")) else {
+            return;
+        };
+        let started = Instant::now();
+        let kata = self.kata.with_annotations(&spec.annotations);
+        let current = record
+            .resources
+            .clone()
+            .unwrap_or_else(|| spec.resources.clone());
+        let baseline = record
+            .container_name
+            .as_deref()
+            .and_then(|n| self.state.container_baseline(n).unwrap_or(None));
+        let request = Request {
+            spec: &spec,
+            update: Some(&current),
+            current: Some(&current),
+            baseline: baseline.as_ref(),
+            container_id: Some(task_id),
+            overrides: Overrides::default(),
+            kata: Some(&kata),
+            vm: Some(&view),
+        };
+        let mut verdict = self.run_check(&request, Operation::Update, Some(UpdateClass::Noop));
+        verdict.container_id = Some(task_id.to_string());
+        verdict.findings.retain(|f| is_observed(f.rule));
+        verdict.decide();
+        // Observed after the fact: nothing to refuse any more, whatever the mode.
+        if verdict.decision == Decision::Reject {
+            verdict.decision = Decision::Allow;
+        }
+        self.metrics.observe(&verdict, started.elapsed());
+        if self.should_announce(&format!("{task_id}/vm"), &verdict) {
+            log_verdict(&self.log, &verdict);
+            self.events.mismatch(&verdict);
+        }
+    }
+
+    fn apply(&self, after: After, pid: Option<u32>) {
         let result = match after {
             After::Created {
                 task_id,
@@ -489,6 +587,11 @@ impl Guard {
     }
 }
 
+/// Rules about what the VM actually does, reported after the delegate applied a request.
+fn is_observed(rule: Rule) -> bool {
+    matches!(rule, Rule::VcpuAffinityDrift | Rule::VcpuOverlap)
+}
+
 /// The message a refused request carries back to containerd, CRI and the kubelet.
 pub fn refusal(v: &Verdict) -> String {
     let what = match (v.operation, &v.container_name) {
@@ -533,7 +636,7 @@ mod tests {
 
     struct Fixture {
         dir: tempfile::TempDir,
-        guard: Guard,
+        guard: Arc<Guard>,
     }
 
     fn fixture(mode: &str) -> Fixture {
@@ -560,6 +663,7 @@ mod tests {
         let log = json_logger(&config.log_file, false);
         let guard = Guard::new(
             config,
+            KataConfig::default(),
             "k8s.io",
             "sb1",
             log.clone(),
@@ -588,7 +692,10 @@ mod tests {
             .to_string(),
         )
         .expect("spec");
-        Fixture { dir, guard }
+        Fixture {
+            dir,
+            guard: Arc::new(guard),
+        }
     }
 
     impl Fixture {

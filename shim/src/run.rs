@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
 
+use kata_topo::kata::KataConfig;
+
 use crate::args::{Action, Args};
 use crate::config::Config;
 use crate::daemon::{cleanup, serve, Delegate, Exit};
@@ -110,8 +112,19 @@ fn daemon(args: &Args) -> ExitCode {
         args.namespace.clone(),
         log.clone(),
     );
+    // The same file is Kata's configuration: its vCPU pinning, sizing and NUMA settings feed
+    // the VM rules. Kata itself refuses a broken file, so a read error only disables them.
+    let kata = if args.config.is_empty() {
+        KataConfig::default()
+    } else {
+        KataConfig::load(Path::new(&args.config)).unwrap_or_else(|e| {
+            slog::warn!(log, "cannot read the Kata configuration"; "event" => "kata-config-failed", "error" => e.to_string());
+            KataConfig::default()
+        })
+    };
     let guard = match Guard::new(
         config,
+        kata,
         &args.namespace,
         &args.group,
         log.clone(),

@@ -69,6 +69,8 @@ fn bench_check(
         baseline: Some(&baseline),
         container_id: Some("c"),
         overrides: Overrides::default(),
+        kata: None,
+        vm: None,
     };
     assert!(
         !checker.check(&request).findings.is_empty(),

@@ -12,15 +12,22 @@
 //! | `cpu-spans-numa` | – | – | – | error |
 //! | `cpu-outside-intent`, `mems-mismatch`, `memory-exceeds-nodes`, `vfio-remote` | – | warning | error | error |
 //! | `vfio-locality-unknown`, `topology-drift` | – | warning | warning | warning |
+//! | `vcpu-pinning-lost`, `vcpu-overlap` | – | warning | warning | error |
+//! | `vcpu-affinity-drift`, `guest-numa-uncovered` | – | warning | error | error |
+//!
+//! The VM rules need Kata's configuration ([`Request::kata`]) and, for what the VM actually
+//! got, its view ([`Request::vm`]).
 
 use serde_json::{json, Value};
 
 use crate::host::{Bdf, Host, Locality};
 use crate::idset::IdSet;
 use crate::intent::{Baseline, BaselineDevice, Intent, Mode, Policy, BASELINE_VERSION};
+use crate::kata::KataConfig;
 use crate::request::{ContainerKind, ContainerSpec, Resources};
 use crate::sysfs::{Sysfs, SysfsError, VfioRef};
 use crate::verdict::{Decision, Finding, Operation, Rule, Severity, Verdict};
+use crate::vm::VmView;
 
 /// Configured defaults (`[topology_guard]` or CLI defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,6 +64,10 @@ pub struct Request<'a> {
     pub container_id: Option<&'a str>,
     /// CLI overrides.
     pub overrides: Overrides,
+    /// Kata's configuration (with the pod's annotations applied), for the VM rules.
+    pub kata: Option<&'a KataConfig>,
+    /// What the VM actually got, for the observed VM rules.
+    pub vm: Option<&'a VmView>,
 }
 
 impl<'a> Request<'a> {
@@ -69,6 +80,8 @@ impl<'a> Request<'a> {
             baseline: None,
             container_id: None,
             overrides: Overrides::default(),
+            kata: None,
+            vm: None,
         }
     }
 }
@@ -87,6 +100,11 @@ pub fn severity(rule: Rule, policy: Policy, fail_closed: bool) -> Option<Severit
         Rule::VfioLocalityUnknown | Rule::TopologyDrift => match policy {
             Policy::None => None,
             _ => Some(Warning),
+        },
+        Rule::VcpuPinningLost | Rule::VcpuOverlap => match policy {
+            Policy::None => None,
+            Policy::BestEffort | Policy::Restricted => Some(Warning),
+            Policy::SingleNumaNode => Some(Error),
         },
         _ => match policy {
             Policy::None => None,
@@ -386,6 +404,23 @@ impl<'h> Checker<'h> {
         if let Some(baseline) = req.baseline {
             self.check_drift(&mut f, baseline, &devices);
         }
+        if let Some(kata) = req.kata {
+            self.check_kata(
+                &mut f,
+                kata,
+                current,
+                &effective,
+                req.update.is_some(),
+                req.vm,
+                &devices,
+            );
+        }
+        if let Some(vm) = req.vm {
+            let allowed_nodes = allowed_ref
+                .cloned()
+                .or_else(|| cpu_nodes.clone().filter(|n| !n.is_empty()));
+            self.check_vm(&mut f, vm, allowed_nodes.as_ref());
+        }
 
         let mut verdict = Verdict {
             operation,
@@ -613,6 +648,137 @@ impl<'h> Checker<'h> {
                     }
                 }
             }
+        }
+    }
+
+    /// `vcpu-pinning-lost` (predicted from the configuration and the request) and
+    /// `guest-numa-uncovered`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_kata(
+        &self,
+        f: &mut Findings,
+        kata: &KataConfig,
+        current: &Resources,
+        effective: &Resources,
+        is_update: bool,
+        vm: Option<&VmView>,
+        devices: &[Device],
+    ) {
+        if let Some(cpus) = effective
+            .cpus
+            .as_ref()
+            .filter(|_| kata.enable_vcpus_pinning)
+        {
+            let limit = |r: &Resources| match (r.cpu_quota, r.cpu_period) {
+                (Some(q), Some(p)) if q > 0 && p > 0 => q as f64 / p as f64,
+                _ => 0.0,
+            };
+            // Static sizing: the VM keeps the vCPUs it was built with. Otherwise Kata resizes
+            // it to default_vcpus + the containers' limits.
+            let (vcpus, how) = if kata.static_sandbox_resource_mgmt && is_update {
+                match vm.filter(|v| v.vcpu_threads_named) {
+                    Some(v) => (
+                        v.vcpus.len() as u32,
+                        "the VM's vCPU threads (static sizing)",
+                    ),
+                    None => (kata.vcpus_for(limit(current)), "static sizing at create"),
+                }
+            } else {
+                (
+                    kata.vcpus_for(limit(effective)),
+                    "default_vcpus + the CPU limit",
+                )
+            };
+            if vcpus as usize != cpus.len() {
+                f.add(
+                    Rule::VcpuPinningLost,
+                    format!(
+                        "Kata pins vCPUs only when their number equals the cpuset size: the VM                          will have {vcpus} vCPUs ({how}) for cpuset {cpus} ({} CPUs), so every                          vCPU floats over the whole cpuset; size the CPU limit and the cpuset                          alike",
+                        cpus.len()
+                    ),
+                    json!({"vcpus": cpus.len()}),
+                    json!({"vcpus": vcpus, "cpus": cpus.to_string()}),
+                );
+            }
+        }
+        if let Some(mapped) = kata.mapped_host_nodes() {
+            for d in devices {
+                if let Device::Usable {
+                    path,
+                    bdf,
+                    locality: Locality::Nodes(nodes),
+                } = d
+                {
+                    if !nodes.intersects(&mapped) {
+                        f.add(
+                            Rule::GuestNumaUncovered,
+                            format!(
+                                "VFIO device {bdf} ({path}) is local to host node {nodes}, which                                  numa_mapping does not map into the guest (it maps {mapped}): the                                  guest sees the device on no local node; add node {nodes} to                                  numa_mapping or use a device on node {mapped}"
+                            ),
+                            json!({"numa_nodes": mapped.to_vec()}),
+                            json!({"numa_nodes": nodes.to_vec(), "device": bdf}),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `vcpu-affinity-drift` and `vcpu-overlap`, from the VM's real vCPU threads.
+    fn check_vm(&self, f: &mut Findings, vm: &VmView, allowed: Option<&IdSet>) {
+        if let Some(allowed) = allowed {
+            let drifting: Vec<_> = vm
+                .vcpus
+                .iter()
+                .filter_map(|v| {
+                    let nodes = self.host.nodes_of_cpus(&v.allowed_cpus);
+                    let outside = nodes.difference(allowed);
+                    (!outside.is_empty()).then(|| json!({"vcpu": v.index, "tid": v.tid, "allowed_cpus": v.allowed_cpus.to_string(), "numa_nodes": nodes.to_vec()}))
+                })
+                .collect();
+            if !drifting.is_empty() {
+                f.add(
+                    Rule::VcpuAffinityDrift,
+                    format!(
+                        "{} of the VM's {} vCPU threads (pid {}) may run on CPUs outside NUMA                          {} {allowed}: the guest runs cross-NUMA whatever its cpuset says;                          restore the sandbox cgroup's cpuset or Kata's vCPU pinning",
+                        drifting.len(),
+                        vm.vcpus.len(),
+                        vm.pid,
+                        node_word(allowed)
+                    ),
+                    json!({"numa_nodes": allowed.to_vec()}),
+                    json!({"vcpus": drifting}),
+                );
+            }
+        }
+        let mut pinned: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for v in &vm.vcpus {
+            if v.allowed_cpus.len() == 1 {
+                if let Some(cpu) = v.allowed_cpus.first() {
+                    pinned.entry(cpu).or_default().push(v.index);
+                }
+            }
+        }
+        let shared: Vec<_> = pinned
+            .iter()
+            .filter(|(_, vcpus)| vcpus.len() > 1)
+            .map(|(cpu, vcpus)| json!({"cpu": cpu, "vcpus": vcpus}))
+            .collect();
+        if !shared.is_empty() {
+            f.add(
+                Rule::VcpuOverlap,
+                format!(
+                    "several vCPUs of VM pid {} are pinned to the same host CPU ({}): they                      time-share one core (Kata issue #13539); recreate the sandbox or re-pin                      its vCPU threads",
+                    vm.pid,
+                    shared
+                        .iter()
+                        .map(|s| format!("CPU {} ← vCPUs {}", s["cpu"], s["vcpus"]))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                json!({"distinct_cpus": vm.vcpus.len()}),
+                json!({"shared": shared}),
+            );
         }
     }
 

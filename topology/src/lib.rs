@@ -10,10 +10,12 @@ pub mod check;
 pub mod host;
 pub mod idset;
 pub mod intent;
+pub mod kata;
 pub mod request;
 pub mod simulate;
 pub mod sysfs;
 pub mod verdict;
+pub mod vm;
 
 pub use check::{Checker, Defaults, Overrides, Request};
 pub use host::{Bdf, Host, Locality, TopologySource};

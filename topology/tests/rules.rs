@@ -545,3 +545,116 @@ fn restricted_topology_is_seen_whole() {
     assert_eq!(host.online_cpus.len(), 64);
     assert!(host.pci.len() >= 8);
 }
+
+fn kata(pinning: bool, static_sizing: bool) -> kata_topo::kata::KataConfig {
+    kata_topo::kata::KataConfig {
+        enable_vcpus_pinning: pinning,
+        static_sandbox_resource_mgmt: static_sizing,
+        default_vcpus: 1.0,
+        ..Default::default()
+    }
+}
+
+fn check_with_kata(
+    host: &kata_topo::Host,
+    sysfs: Option<&kata_topo::Sysfs>,
+    spec: &kata_topo::ContainerSpec,
+    update: Option<&kata_topo::Resources>,
+    kata: &kata_topo::kata::KataConfig,
+) -> kata_topo::Verdict {
+    kata_topo::Checker::new(host, sysfs, Defaults::default()).check(&kata_topo::Request {
+        update,
+        kata: Some(kata),
+        ..kata_topo::Request::create(spec)
+    })
+}
+
+#[test]
+fn vcpu_pinning_lost_is_predicted_from_config_and_update() {
+    let host = host(VFS);
+    // 1 default vCPU + a 1-CPU limit = 2 vCPUs for a 2-CPU cpuset: pinning holds.
+    let mut j = spec().cpus("8-9").json();
+    j["linux"]["resources"]["cpu"]["quota"] = json!(100_000);
+    j["linux"]["resources"]["cpu"]["period"] = json!(100_000);
+    let s = kata_topo::ContainerSpec::from_json(j.to_string().as_bytes()).expect("spec");
+    assert_eq!(
+        rules(&check_with_kata(&host, None, &s, None, &kata(true, false))),
+        vec![]
+    );
+    // A resize to 2 CPUs makes 3 vCPUs for 2 CPUs: Kata silently stops pinning.
+    let resize = resources(json!({"cpu": {"quota": 200_000, "period": 100_000}}));
+    let v = check_with_kata(&host, None, &s, Some(&resize), &kata(true, false));
+    assert_eq!(rules(&v), vec![(VcpuPinningLost, Warning)]);
+    assert_eq!(finding(&v, VcpuPinningLost).observed["vcpus"], json!(3));
+    // Growing the cpuset along with the limit keeps it.
+    let both = resources(json!({"cpu": {"quota": 200_000, "period": 100_000, "cpus": "8-10"}}));
+    assert_eq!(
+        rules(&check_with_kata(
+            &host,
+            None,
+            &s,
+            Some(&both),
+            &kata(true, false)
+        )),
+        vec![]
+    );
+    // Static sizing: the VM keeps its 2 vCPUs, so widening the cpuset alone loses pinning.
+    let wider = resources(json!({"cpu": {"cpus": "8-10"}}));
+    let v = check_with_kata(&host, None, &s, Some(&wider), &kata(true, true));
+    assert_eq!(rules(&v), vec![(VcpuPinningLost, Warning)]);
+    // Without pinning configured there is nothing to lose.
+    assert_eq!(
+        rules(&check_with_kata(
+            &host,
+            None,
+            &s,
+            Some(&resize),
+            &kata(false, false)
+        )),
+        vec![]
+    );
+    // single-numa-node makes it an error.
+    let mut j2 = j.clone();
+    j2["annotations"]["kata-topo.io/policy"] = json!("single-numa-node");
+    let s2 = kata_topo::ContainerSpec::from_json(j2.to_string().as_bytes()).expect("spec");
+    let v = check_with_kata(&host, None, &s2, Some(&resize), &kata(true, false));
+    assert_eq!(rules(&v), vec![(VcpuPinningLost, Error)]);
+}
+
+#[test]
+fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
+    let host = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let numa = |mapping: &[&str]| kata_topo::kata::KataConfig {
+        enable_numa: true,
+        numa_mapping: mapping.iter().map(|m| m.parse().expect("set")).collect(),
+        ..Default::default()
+    };
+    let s = spec().device("/dev/vfio/20").build();
+    let v = check_with_kata(&host, Some(&sysfs), &s, None, &numa(&["0"]));
+    assert_eq!(rules(&v), vec![(GuestNumaUncovered, Error)]);
+    assert_eq!(
+        finding(&v, GuestNumaUncovered).observed["numa_nodes"],
+        json!([1])
+    );
+    assert_eq!(
+        rules(&check_with_kata(
+            &host,
+            Some(&sysfs),
+            &s,
+            None,
+            &numa(&["0", "1"])
+        )),
+        vec![]
+    );
+    // NUMA mode off: the mapping means nothing.
+    let off = kata_topo::kata::KataConfig {
+        enable_numa: false,
+        ..numa(&["0"])
+    };
+    assert_eq!(
+        rules(&check_with_kata(&host, Some(&sysfs), &s, None, &off)),
+        vec![]
+    );
+}

@@ -170,6 +170,8 @@ pub fn update(
         baseline: Some(&baseline),
         container_id: Some("c-1"),
         overrides: Overrides::default(),
+        kata: None,
+        vm: None,
     })
 }
 
