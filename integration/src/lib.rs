@@ -33,7 +33,11 @@ pub fn bin_dir() -> PathBuf {
     let dir = std::env::var_os("KATA_TOPO_BIN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/debug"));
-    for bin in ["containerd-shim-kata-topo-v2", "kata-topo"] {
+    for bin in [
+        "containerd-shim-kata-topo-v2",
+        "kata-topo",
+        "kata-topo-hook",
+    ] {
         assert!(
             dir.join(bin).is_file(),
             "{} is missing: run `cargo build --workspace` (make test does) before these tests",
@@ -115,6 +119,9 @@ pub struct Guard {
     pub fail_closed: bool,
     /// Extra raw TOML lines inside the table.
     pub extra: String,
+    /// Install `kata-topo-hook` as a createRuntime hook in the `runc` handler's base runtime
+    /// spec (and let `kata-topo.io/*` pod annotations reach runc containers).
+    pub runc_hook: bool,
 }
 
 impl Default for Guard {
@@ -125,6 +132,7 @@ impl Default for Guard {
             topology_xml: None,
             fail_closed: false,
             extra: String::new(),
+            runc_hook: false,
         }
     }
 }
@@ -220,6 +228,16 @@ impl Containerd {
             ),
         )
         .expect("write config");
+        let runc_extra = if guard.runc_hook {
+            let base = d.join("base-spec.json");
+            write_hooked_base_spec(&base, &bins.join("kata-topo-hook"), &config);
+            format!(
+                "      base_runtime_spec = \"{}\"\n      pod_annotations = [\"kata-topo.io/*\"]\n",
+                base.display()
+            )
+        } else {
+            String::new()
+        };
         std::fs::write(
             d.join("containerd.toml"),
             format!(
@@ -242,7 +260,7 @@ state = "{d}/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-topo]
+{runc_extra}    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-topo]
       runtime_type = "io.containerd.kata-topo.v2"
       pod_annotations = ["kata-topo.io/*"]
 "#,
@@ -522,6 +540,25 @@ impl Drop for Containerd {
                 .status();
         }
     }
+}
+
+/// containerd's default OCI spec with `kata-topo-hook` as a createRuntime and poststop hook.
+fn write_hooked_base_spec(path: &Path, hook: &Path, config: &Path) {
+    let out = Command::new("ctr")
+        .args(["oci", "spec"])
+        .output()
+        .expect("ctr oci spec");
+    assert!(out.status.success(), "ctr oci spec");
+    let mut spec: serde_json::Value = serde_json::from_slice(&out.stdout).expect("default spec");
+    let entry = serde_json::json!({
+        "path": hook,
+        "args": ["kata-topo-hook"],
+        "env": [format!("KATA_TOPO_CONFIG={}", config.display()), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "timeout": 10
+    });
+    // createRuntime checks; poststop of the sandbox drops the pod's baselines.
+    spec["hooks"] = serde_json::json!({"createRuntime": [entry.clone()], "poststop": [entry]});
+    std::fs::write(path, serde_json::to_vec_pretty(&spec).expect("json")).expect("write base spec");
 }
 
 /// A running `ctr events`.

@@ -1,0 +1,247 @@
+//! The hook: read the OCI state on stdin and the spec from the bundle, run the same checks as
+//! the wrapper (with the VM view when the state's pid is a VMM), log and publish like the
+//! wrapper, and fail only in enforce mode with an `error` finding — so the runtime refuses the
+//! container. A check that cannot run never blocks a container unless `fail_closed` is set in
+//! enforce mode.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use kata_topo::check::failed_verdict;
+use kata_topo::kata::KataConfig;
+use kata_topo::vm::VmView;
+use kata_topo::{
+    Checker, ContainerSpec, Decision, Defaults, Host, Mode, Operation, Request, Sysfs,
+    TopologySource, Verdict,
+};
+use kata_topo_shim::config::{Config, ENV_CONFIG};
+use kata_topo_shim::guard::refusal;
+use kata_topo_shim::sinks::{json_logger, log_verdict, publish};
+use kata_topo_shim::state::GroupState;
+use prost::Message;
+use serde::Deserialize;
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("KATA_TOPO_GIT_REV"),
+    ")"
+);
+
+/// The largest OCI state accepted on stdin.
+const MAX_STATE: u64 = 1024 * 1024;
+
+/// Why the hook fails the container (or was misused).
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// Enforce mode, an `error` finding.
+    #[error("{0}")]
+    Refused(String),
+    /// Enforce mode with `fail_closed`, and the check could not run.
+    #[error("kata-topo-hook: the check could not run and fail_closed is set: {0}")]
+    FailedClosed(String),
+    /// Bad command line.
+    #[error("kata-topo-hook: {0}")]
+    Usage(String),
+}
+
+impl From<&HookError> for ExitCode {
+    fn from(e: &HookError) -> Self {
+        match e {
+            HookError::Refused(_) | HookError::FailedClosed(_) => ExitCode::from(1),
+            HookError::Usage(_) => ExitCode::from(2),
+        }
+    }
+}
+
+/// The OCI runtime state a hook receives on stdin.
+#[derive(Debug, Deserialize)]
+struct State {
+    id: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    pid: Option<u32>,
+    bundle: PathBuf,
+}
+
+struct Args {
+    config: Option<PathBuf>,
+}
+
+fn args() -> Result<Option<Args>, HookError> {
+    let mut config = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-v" | "--version" | "-V" => {
+                println!("kata-topo-hook {VERSION}");
+                return Ok(None);
+            }
+            "--config" => {
+                config =
+                    Some(PathBuf::from(it.next().ok_or_else(|| {
+                        HookError::Usage("--config needs a file".into())
+                    })?))
+            }
+            other => {
+                return Err(HookError::Usage(format!(
+                    "unknown argument {other:?} (usage: kata-topo-hook [--config FILE])"
+                )))
+            }
+        }
+    }
+    Ok(Some(Args { config }))
+}
+
+/// Runs the hook.
+pub fn run() -> Result<(), HookError> {
+    let Some(args) = args()? else {
+        return Ok(());
+    };
+    let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
+    let (config, config_file) = Config::resolve(args.config.as_deref(), env_path.as_deref())
+        .map_err(|e| HookError::Usage(e.to_string()))?;
+    let log = json_logger(&config.log_file, false);
+    let defaults = Defaults {
+        policy: config.default_policy,
+        mode: config.mode,
+        fail_closed: config.fail_closed,
+    };
+    let verdict = match check(&config, config_file.as_deref()) {
+        Ok(v) => v,
+        Err((spec, reason)) => {
+            let spec = spec.map(|s| *s);
+            let mut v = failed_verdict(spec.as_ref(), Operation::Create, None, defaults, &reason);
+            v.sandbox_id = v
+                .sandbox_id
+                .or_else(|| spec.as_ref().and_then(|s| s.sandbox_id.clone()));
+            v
+        }
+    };
+    if !verdict.findings.is_empty() {
+        log_verdict(&log, &verdict);
+        announce(&verdict);
+    }
+    if verdict.decision == Decision::Reject {
+        let failed = verdict
+            .findings
+            .iter()
+            .all(|f| f.rule == kata_topo::Rule::CheckFailed);
+        return Err(if failed {
+            HookError::FailedClosed(
+                verdict
+                    .findings
+                    .first()
+                    .map(|f| f.message.clone())
+                    .unwrap_or_default(),
+            )
+        } else {
+            HookError::Refused(refusal(&verdict))
+        });
+    }
+    Ok(())
+}
+
+/// Publishes the verdict to containerd when the hook runs under it (`TTRPC_ADDRESS` in the
+/// environment: Kata's host hooks inherit the shim's; an OCI hook gets it from its `env`).
+fn announce(v: &Verdict) {
+    let Ok(address) = std::env::var("TTRPC_ADDRESS") else {
+        return;
+    };
+    let namespace = std::env::var("NAMESPACE").unwrap_or_else(|_| "k8s.io".to_string());
+    let payload = kata_topo_shim::ttrpc::StringValue {
+        value: serde_json::to_string(v).unwrap_or_default(),
+    }
+    .encode_to_vec();
+    let _ = publish(&address, &namespace, payload);
+}
+
+type Failure = (Option<Box<ContainerSpec>>, String);
+
+/// Where the hook keeps a pod's baselines (the first create of a container name records one;
+/// a later create of the same name is a recreate). Under containerd, bundles of one namespace
+/// are siblings, so the sandbox's bundle is `<bundle>/../<sandbox id>`: the baselines live
+/// there and go when containerd removes the sandbox — under CRI a hook never sees the sandbox
+/// itself (containerd 1.6 applies the base runtime spec to containers only). Elsewhere they
+/// live under `state_dir/hook/<sandbox id>`, removed by the sandbox's poststop hook.
+fn store(config: &Config, bundle: &Path, group: &str) -> Option<GroupState> {
+    let sandbox_bundle = bundle
+        .parent()
+        .map(|p| p.join(kata_topo_shim::state::safe_name(group)))
+        .filter(|p| p.is_dir());
+    match sandbox_bundle {
+        Some(b) => GroupState::open(&b, "kata-topo-hook", "state").ok(),
+        None => GroupState::open(&config.state_dir, "hook", group).ok(),
+    }
+}
+
+fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure> {
+    let mut input = String::new();
+    std::io::stdin()
+        .take(MAX_STATE)
+        .read_to_string(&mut input)
+        .map_err(|e| (None, format!("cannot read the OCI state on stdin: {e}")))?;
+    let state: State = serde_json::from_str(&input)
+        .map_err(|e| (None, format!("the OCI state on stdin is not valid: {e}")))?;
+    let spec = ContainerSpec::from_file(&state.bundle.join("config.json"))
+        .map_err(|e| (None, e.to_string()))?;
+    let defaults = Defaults {
+        policy: config.default_policy,
+        mode: config.mode,
+        fail_closed: config.fail_closed,
+    };
+    let group = spec.sandbox_id.clone().unwrap_or_else(|| state.id.clone());
+    if state.status == "stopped" {
+        // poststop: when the sandbox goes, so do its baselines.
+        if spec.kind == kata_topo::request::ContainerKind::Sandbox {
+            if let Some(s) = store(config, &state.bundle, &group) {
+                let _ = s.remove_all();
+            }
+        }
+        let mut v = failed_verdict(Some(&spec), Operation::Create, None, defaults, "");
+        v.findings.clear();
+        v.decide();
+        return Ok(v);
+    }
+    let source = match &config.topology_xml {
+        Some(p) => TopologySource::Xml(p.clone()),
+        None => TopologySource::Live,
+    };
+    let host = Host::load(&source).map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
+    let sysfs = Sysfs::new(&config.sysfs_root);
+    let kata = config_file
+        .and_then(|p| KataConfig::load(p).ok())
+        .map(|k| k.with_annotations(&spec.annotations));
+    let vm = state
+        .pid
+        .and_then(|pid| VmView::read(&config.procfs_root, pid).ok())
+        .filter(VmView::is_vmm);
+    let checker = Checker::new(&host, Some(&sysfs), defaults);
+    let store = store(config, &state.bundle, &group);
+    let name = spec.container_name.clone();
+    let baseline = match (&store, &name) {
+        (Some(s), Some(n)) => s.container_baseline(n).ok().flatten(),
+        _ => None,
+    };
+    let running = state.status == "running";
+    let mut verdict = checker.check(&Request {
+        baseline: baseline.as_ref(),
+        container_id: Some(&state.id),
+        kata: kata.as_ref(),
+        vm: vm.as_ref(),
+        ..Request::create(&spec)
+    });
+    if running && verdict.mode == Mode::Enforce {
+        // poststart: the container runs already; a failing poststart hook is only a warning
+        // to the runtime, so report without refusing.
+        verdict.decision = Decision::Allow;
+    }
+    if let (Some(s), Some(n), None) = (&store, &name, &baseline) {
+        if verdict.decision == Decision::Allow {
+            let _ = s.save_container_baseline(n, &checker.record_baseline(&spec));
+        }
+    }
+    Ok(verdict)
+}

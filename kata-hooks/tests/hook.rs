@@ -1,0 +1,178 @@
+//! The built `kata-topo-hook` end to end: OCI state on stdin, a bundle, exit codes in audit and
+//! enforce, recreates, a malformed state, poststart and poststop.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use kata_topo::simulate::SysfsTree;
+use serde_json::{json, Value};
+
+struct Env {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+fn env(mode: &str, fail_closed: bool) -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
+    tree.add_device(
+        "0000:b7:00.0".parse().expect("bdf"),
+        1,
+        Some("vfio-pci"),
+        Some("42"),
+    )
+    .expect("gpu");
+    let config = dir.path().join("kata-topo.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[topology_guard]\nmode = \"{mode}\"\nfail_closed = {fail_closed}\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenario/two-node-host.xml").display(),
+            tree.root().display(),
+            dir.path().join("state").display(),
+            dir.path().join("kt.log").display()
+        ),
+    )
+    .expect("config");
+    Env { dir, config }
+}
+
+impl Env {
+    fn bundle(&self, name: &str, cpus: &str, sandbox: bool) -> PathBuf {
+        let b = self.dir.path().join(format!("bundle-{name}-{cpus}"));
+        std::fs::create_dir_all(&b).expect("bundle");
+        let mut ann = json!({
+            "io.kubernetes.cri.container-type": if sandbox { "sandbox" } else { "container" },
+            "io.kubernetes.cri.sandbox-id": "sb1",
+            "io.kubernetes.cri.sandbox-name": "gpu-pod",
+            "io.kubernetes.cri.sandbox-namespace": "ml",
+            "kata-topo.io/policy": "single-numa-node",
+            "kata-topo.io/numa-nodes": "1"
+        });
+        if !sandbox {
+            ann["io.kubernetes.cri.container-name"] = json!(name);
+        }
+        std::fs::write(
+            b.join("config.json"),
+            json!({
+                "ociVersion": "1.0.2",
+                "annotations": ann,
+                "linux": {"resources": {"cpu": {"cpus": cpus}},
+                          "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]}
+            })
+            .to_string(),
+        )
+        .expect("spec");
+        b
+    }
+
+    fn hook(&self, stdin: &str) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
+            .env("KATA_TOPO_CONFIG", &self.config)
+            .env_remove("TTRPC_ADDRESS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run hook");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write state");
+        child.wait_with_output().expect("wait")
+    }
+
+    fn state(&self, bundle: &Path, status: &str) -> String {
+        json!({"ociVersion": "1.0.2", "id": "c1", "status": status, "pid": 0, "bundle": bundle})
+            .to_string()
+    }
+
+    fn rules(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("kt.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|l| l["rule"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+#[test]
+fn audit_reports_and_lets_the_container_start() {
+    let e = env("audit", false);
+    let b = e.bundle("trainer", "0", false);
+    let out = e.hook(&e.state(&b, "creating"));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        e.rules().contains(&"vfio-remote".to_string()),
+        "{:?}",
+        e.rules()
+    );
+}
+
+#[test]
+fn enforce_refuses_and_recreates_are_held_to_the_baseline() {
+    let e = env("enforce", false);
+    let out = e.hook(&e.state(&e.bundle("trainer", "0", false), "creating"));
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("vfio-remote") && err.contains("ml/gpu-pod"),
+        "{err}"
+    );
+    // A compliant first create passes and records the baseline ...
+    let out = e.hook(&e.state(&e.bundle("worker", "1", false), "creating"));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(e
+        .dir
+        .path()
+        .join("state/hook/sb1/containers/worker.json")
+        .is_file());
+    // ... and the same container recreated across nodes is refused as a recreate.
+    let out = e.hook(&e.state(&e.bundle("worker", "0", false), "creating"));
+    assert_eq!(code(&out), 1);
+    let line = std::fs::read_to_string(e.dir.path().join("kt.log")).expect("log");
+    assert!(line.contains("\"operation\":\"recreate\""), "{line}");
+    // poststart cannot refuse: the container already runs.
+    let out = e.hook(&e.state(&e.bundle("late", "0", false), "running"));
+    assert_eq!(code(&out), 0);
+    // poststop of the sandbox removes the pod's baselines.
+    let out = e.hook(&e.state(&e.bundle("pause", "1", true), "stopped"));
+    assert_eq!(code(&out), 0);
+    assert!(!e.dir.path().join("state/hook/sb1").exists());
+}
+
+#[test]
+fn a_malformed_state_never_blocks_unless_fail_closed() {
+    let e = env("enforce", false);
+    let out = e.hook("{not json");
+    assert_eq!(code(&out), 0);
+    assert_eq!(e.rules(), vec!["check-failed"]);
+    let closed = env("enforce", true);
+    let out = closed.hook("{\"id\": 1}");
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fail_closed"));
+}
+
+#[test]
+fn version_and_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
+        .arg("-v")
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("kata-topo-hook "));
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
+        .arg("--frobnicate")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 2);
+}
