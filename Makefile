@@ -6,9 +6,11 @@ CARGO ?= cargo
 # What building and testing need on Debian bookworm. hwlocality links the system hwloc 2.9
 # through `pkg-config --static`, which also wants libudev; the integration tests and the demo
 # run Debian's containerd 1.6 and runc, build images from busybox-static, build the CRI
-# client with protoc, and start a real QEMU for the VM view.
+# client with protoc, start a real QEMU for the VM view and a real node-exporter for the
+# metrics, and check the deployment files (shellcheck, ruby -c, vagrant validate).
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
-	containerd runc busybox-static protobuf-compiler qemu-system-x86
+	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
+	prometheus-node-exporter shellcheck ruby vagrant
 
 .PHONY: help deps build build-all test lint unit integration bench demo demo-cli clean
 

@@ -40,9 +40,22 @@ enum Command {
     Topology(TopologyArgs),
     /// Check one request (a create, a recreate or an update) and print the verdict.
     Check(CheckArgs),
+    /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
+    /// 1 findings, 2 unreadable state (a node-problem-detector custom plugin).
+    Status(StatusArgs),
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.
     Vm(VmArgs),
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// The wrappers' state directory (`state_dir` in [topology_guard]).
+    #[arg(long, value_name = "DIR", default_value = "/run/kata-topo")]
+    state_dir: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +163,7 @@ pub fn run() -> ExitCode {
         Command::Topology(args) => topology(&args),
         Command::Check(args) => check(&args),
         Command::Vm(args) => vm(&args),
+        Command::Status(args) => status(&args),
     };
     match result {
         Ok(code) => code,
@@ -418,4 +432,83 @@ fn vm(args: &VmArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn status(args: &StatusArgs) -> Result<ExitCode> {
+    let pods = kata_topo::state::list(&args.state_dir)
+        .with_context(|| format!("cannot read state directory {}", args.state_dir.display()))?;
+    let findings: usize = pods
+        .iter()
+        .flat_map(|p| &p.verdicts)
+        .map(|(_, v)| v.findings.len())
+        .sum();
+    let unreadable: usize = pods.iter().map(|p| p.unreadable.len()).sum();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "sandboxes": pods, "findings": findings, "unreadable": unreadable
+            }))?
+        );
+    } else {
+        if pods.is_empty() {
+            println!(
+                "no sandbox watched (state directory {})",
+                args.state_dir.display()
+            );
+        }
+        for p in &pods {
+            let pod = p
+                .verdicts
+                .iter()
+                .map(|(_, v)| &v.pod)
+                .find(|pod| pod.name.is_some())
+                .map(|pod| {
+                    format!(
+                        " pod {}/{}",
+                        pod.namespace.as_deref().unwrap_or("-"),
+                        pod.name.as_deref().unwrap_or("-")
+                    )
+                })
+                .unwrap_or_default();
+            println!(
+                "sandbox {} ({}){pod}: {} container baseline(s), {} task(s)",
+                p.sandbox_id,
+                p.namespace,
+                p.containers.len(),
+                p.tasks.len()
+            );
+            for (name, b) in &p.containers {
+                println!(
+                    "  baseline {name}: cpus {} on node {}, {} VFIO device(s)",
+                    b.cpus.as_ref().map_or("-".to_string(), ToString::to_string),
+                    if b.cpu_nodes.is_empty() {
+                        "-".to_string()
+                    } else {
+                        b.cpu_nodes.to_string()
+                    },
+                    b.devices.len()
+                );
+            }
+            for (task, v) in &p.verdicts {
+                for f in &v.findings {
+                    println!(
+                        "  {task} {} {} {}: {}",
+                        v.operation, f.severity, f.rule, f.message
+                    );
+                }
+            }
+            for u in &p.unreadable {
+                println!("  unreadable: {u}");
+            }
+        }
+        println!("{findings} finding(s)");
+    }
+    Ok(ExitCode::from(if unreadable > 0 {
+        2
+    } else if findings > 0 {
+        1
+    } else {
+        0
+    }))
 }

@@ -395,3 +395,53 @@ fn version_flag() {
         );
     }
 }
+
+#[test]
+fn status_exit_codes_for_node_problem_detector() {
+    use kata_topo::state::{GroupState, TaskRecord};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    // Nothing watched: clean.
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let g = GroupState::open(&state, "k8s.io", "sb1").expect("state");
+    g.save_task(
+        "c1",
+        &TaskRecord {
+            bundle: "/b".into(),
+            container_name: Some("trainer".into()),
+            sandbox: false,
+            resources: None,
+            pid: None,
+        },
+    )
+    .expect("task");
+    let mut verdict: Value = serde_json::json!({
+        "operation": "update", "class": "cpuset", "sandbox_id": "sb1", "container_id": "c1",
+        "container_name": "trainer", "pod": {"name": "p", "namespace": "ml", "uid": null},
+        "policy": "restricted", "mode": "audit", "decision": "allow", "findings": []
+    });
+    g.save_verdict(
+        "c1",
+        &serde_json::from_value(verdict.clone()).expect("verdict"),
+    )
+    .expect("save");
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 0);
+    verdict["findings"] = serde_json::json!([{"rule": "vfio-remote", "severity": "error",
+        "message": "GPU is remote", "expected": {}, "observed": {}}]);
+    g.save_verdict("c1", &serde_json::from_value(verdict).expect("verdict"))
+        .expect("save");
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("vfio-remote") && text.contains("ml/p"),
+        "{text}"
+    );
+    let json = stdout_json(&kata_topo(&["status", "--state-dir", s(&state), "--json"]));
+    assert_eq!(json["findings"], 1);
+    assert_eq!(json["sandboxes"][0]["sandbox_id"], "sb1");
+    std::fs::write(g.dir().join("verdicts/c2.json"), "{").expect("corrupt");
+    assert_eq!(code(&kata_topo(&["status", "--state-dir", s(&state)])), 2);
+}

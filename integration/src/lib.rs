@@ -119,6 +119,8 @@ pub struct Guard {
     pub fail_closed: bool,
     /// Extra raw TOML lines inside the table.
     pub extra: String,
+    /// Set `metrics_dir` (to `<dir>/metrics`).
+    pub metrics: bool,
     /// Install `kata-topo-hook` as a createRuntime hook in the `runc` handler's base runtime
     /// spec (and let `kata-topo.io/*` pod annotations reach runc containers).
     pub runc_hook: bool,
@@ -133,6 +135,7 @@ impl Default for Guard {
             fail_closed: false,
             extra: String::new(),
             runc_hook: false,
+            metrics: false,
         }
     }
 }
@@ -151,6 +154,8 @@ pub struct Containerd {
     pub log_file: PathBuf,
     /// The wrapper's state directory.
     pub state_dir: PathBuf,
+    /// The wrapper's metrics directory (when asked for).
+    pub metrics_dir: PathBuf,
     /// The simulated sysfs.
     pub sysfs: SysfsTree,
     /// A character device standing in for `/dev/vfio/42` on the host side.
@@ -211,12 +216,18 @@ impl Containerd {
         let config = d.join("kata-topo.toml");
         let log_file = d.join("kata-topo.log");
         let state_dir = d.join("kt-state");
+        let metrics_dir = d.join("metrics");
+        let metrics_line = if guard.metrics {
+            format!("metrics_dir = \"{}\"\n", metrics_dir.display())
+        } else {
+            String::new()
+        };
         std::fs::write(
             &config,
             format!(
                 "[topology_guard]\ndelegate_shim = \"containerd-shim-runc-v2\"\nmode = \"{}\"\n\
                  default_policy = \"{}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\n\
-                 state_dir = \"{}\"\nlog_file = \"{}\"\nfail_closed = {}\n{}\n",
+                 state_dir = \"{}\"\nlog_file = \"{}\"\nfail_closed = {}\n{}{}\n",
                 guard.mode,
                 guard.policy,
                 topology.display(),
@@ -224,6 +235,7 @@ impl Containerd {
                 state_dir.display(),
                 log_file.display(),
                 guard.fail_closed,
+                metrics_line,
                 guard.extra
             ),
         )
@@ -274,6 +286,7 @@ state = "{d}/state"
             config,
             log_file,
             state_dir,
+            metrics_dir,
             sysfs,
             vfio_node,
             sockets_before: shim_sockets(),

@@ -95,7 +95,7 @@ pub struct Config {
     /// JSON log lines, one per finding.
     #[serde(default = "default_log_file")]
     pub log_file: PathBuf,
-    /// Prometheus textfile directory (metrics come with a later release).
+    /// Prometheus textfile directory: one `kata-topo-<ns>-<sandbox>.prom` per sandbox.
     #[serde(default)]
     pub metrics_dir: Option<PathBuf>,
     /// In enforce mode, refuse requests whose check could not run.

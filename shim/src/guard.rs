@@ -155,6 +155,7 @@ impl Guard {
                 slot.host = Some(Arc::new(host));
                 slot.error = None;
                 slot.loaded_at = Some(SystemTime::now());
+                self.metrics.refreshed(true);
             }
             Err(e) => {
                 let message = e.to_string();
@@ -163,6 +164,7 @@ impl Guard {
                         "error" => &message, "sandbox_id" => &self.group);
                 }
                 slot.error = Some(message);
+                self.metrics.refreshed(false);
             }
         }
         slot.tried = true;
@@ -570,6 +572,7 @@ impl Guard {
                     .unwrap_or_else(|e| e.into_inner())
                     .retain(|(t, _), _| t != &task_id);
                 if sandbox {
+                    self.metrics.remove();
                     self.state.remove_all()
                 } else {
                     self.state.remove_task(&task_id)
@@ -579,6 +582,11 @@ impl Guard {
         if let Err(e) = result {
             slog::warn!(self.log, "cannot update state"; "event" => "state-failed", "error" => e.to_string());
         }
+    }
+
+    /// The pod is gone (its delegate exited): its metrics disappear with it.
+    pub fn forget(&self) {
+        self.metrics.remove();
     }
 
     /// Where the pod's state lives.

@@ -11,5 +11,7 @@ pub mod guard;
 pub mod run;
 pub mod sinks;
 pub mod start;
-pub mod state;
+
+/// The baseline store lives in the core (`kata_topo::state`).
+pub use kata_topo::state;
 pub mod ttrpc;

@@ -12,7 +12,7 @@ use crate::args::{Action, Args};
 use crate::config::Config;
 use crate::daemon::{cleanup, serve, Delegate, Exit};
 use crate::guard::Guard;
-use crate::sinks::{json_logger, Events, NoMetrics};
+use crate::sinks::{json_logger, Events, Metrics, NoMetrics, Textfile};
 use crate::ttrpc::socket_path;
 
 const VERSION: &str = concat!(
@@ -122,6 +122,10 @@ fn daemon(args: &Args) -> ExitCode {
             KataConfig::default()
         })
     };
+    let metrics: Box<dyn Metrics> = match &config.metrics_dir {
+        Some(dir) => Box::new(Textfile::new(dir, &args.namespace, &args.group)),
+        None => Box::new(NoMetrics),
+    };
     let guard = match Guard::new(
         config,
         kata,
@@ -129,7 +133,7 @@ fn daemon(args: &Args) -> ExitCode {
         &args.group,
         log.clone(),
         events,
-        Box::new(NoMetrics),
+        metrics,
     ) {
         Ok(g) => Arc::new(g),
         Err(e) => {
@@ -147,6 +151,7 @@ fn daemon(args: &Args) -> ExitCode {
             slog::info!(log, "delegate did not start"; "event" => "daemon-exit", "sandbox_id" => &args.group);
             let _ = std::fs::remove_file(&own_socket);
             let _ = std::fs::remove_dir_all(guard.state_dir());
+            guard.forget();
             return ExitCode::FAILURE;
         }
     };
@@ -160,6 +165,9 @@ fn daemon(args: &Args) -> ExitCode {
     };
     slog::info!(log, "wrapper daemon exiting"; "event" => "daemon-exit", "reason" => reason,
         "sandbox_id" => &args.group);
+    if exit == Exit::DelegateGone {
+        guard.forget();
+    }
     cleanup(&exit, &own_socket, &delegate, Some(guard.state_dir()));
     ExitCode::SUCCESS
 }

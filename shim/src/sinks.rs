@@ -2,9 +2,10 @@
 //! metrics seam. None of them can block or fail a request: the log ignores write errors (EPIPE,
 //! ENOSPC), events go through a bounded queue to a publisher thread.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -143,19 +144,183 @@ pub fn log_verdict(log: &Logger, v: &Verdict) {
     }
 }
 
-/// The counters and histograms a later release writes for node-exporter; the wrapper calls it
-/// for every verdict.
+/// Where check counts and durations go.
 pub trait Metrics: Send + Sync {
     /// One check done.
     fn observe(&self, verdict: &Verdict, elapsed: Duration);
+    /// A topology (re)load finished.
+    fn refreshed(&self, _ok: bool) {}
+    /// The sandbox is gone: its series must disappear.
+    fn remove(&self) {}
 }
 
-/// No metrics.
+/// No metrics (no `metrics_dir`).
 #[derive(Debug, Default)]
 pub struct NoMetrics;
 
 impl Metrics for NoMetrics {
     fn observe(&self, _: &Verdict, _: Duration) {}
+}
+
+/// Histogram buckets for `kata_topo_check_duration_seconds`.
+const BUCKETS: [f64; 11] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
+];
+
+#[derive(Debug, Default)]
+struct Counters {
+    checks: BTreeMap<(String, String), u64>,
+    findings: BTreeMap<(String, String), u64>,
+    buckets: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+    refreshes: BTreeMap<&'static str, u64>,
+    removed: bool,
+}
+
+/// Prometheus text files for node-exporter's textfile collector: one file per sandbox,
+/// `kata-topo-<namespace>-<sandbox>.prom`, rewritten atomically (write, rename) after every
+/// check and removed when the sandbox goes. Every series carries `namespace` and `sandbox_id`,
+/// so files never collide and counters never double count.
+#[derive(Debug)]
+pub struct Textfile {
+    path: PathBuf,
+    labels: String,
+    counters: Mutex<Counters>,
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Textfile {
+    /// The file for one sandbox in `dir` (created if missing), written once now so the sandbox
+    /// shows as watched.
+    pub fn new(dir: &Path, namespace: &str, sandbox: &str) -> Self {
+        let _ = std::fs::create_dir_all(dir);
+        let name = format!(
+            "kata-topo-{}-{}.prom",
+            kata_topo::state::safe_name(namespace),
+            kata_topo::state::safe_name(sandbox)
+        );
+        let t = Self {
+            path: dir.join(name),
+            labels: format!(
+                "namespace=\"{}\",sandbox_id=\"{}\"",
+                escape(namespace),
+                escape(sandbox)
+            ),
+            counters: Mutex::new(Counters::default()),
+        };
+        t.write(&t.counters.lock().unwrap_or_else(|e| e.into_inner()));
+        t
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn render(&self, c: &Counters) -> String {
+        let l = &self.labels;
+        let mut out = String::new();
+        out.push_str("# HELP kata_topo_sandbox_watched Sandboxes a kata-topo wrapper watches.\n# TYPE kata_topo_sandbox_watched gauge\n");
+        out.push_str(&format!("kata_topo_sandbox_watched{{{l}}} 1\n"));
+        out.push_str("# HELP kata_topo_checks_total Checks run by kata-topo, by operation and decision.\n# TYPE kata_topo_checks_total counter\n");
+        for ((op, decision), n) in &c.checks {
+            out.push_str(&format!(
+                "kata_topo_checks_total{{{l},operation=\"{op}\",decision=\"{decision}\"}} {n}\n"
+            ));
+        }
+        out.push_str("# HELP kata_topo_findings_total Findings reported by kata-topo, by rule and severity.\n# TYPE kata_topo_findings_total counter\n");
+        for ((rule, severity), n) in &c.findings {
+            out.push_str(&format!(
+                "kata_topo_findings_total{{{l},rule=\"{rule}\",severity=\"{severity}\"}} {n}\n"
+            ));
+        }
+        out.push_str("# HELP kata_topo_check_duration_seconds Time a check takes on the request path.\n# TYPE kata_topo_check_duration_seconds histogram\n");
+        let mut cumulative = 0;
+        for (i, le) in BUCKETS.iter().enumerate() {
+            cumulative += c.buckets[i];
+            out.push_str(&format!(
+                "kata_topo_check_duration_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}\n"
+            ));
+        }
+        out.push_str(&format!(
+            "kata_topo_check_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}\n",
+            c.count
+        ));
+        out.push_str(&format!(
+            "kata_topo_check_duration_seconds_sum{{{l}}} {}\n",
+            c.sum
+        ));
+        out.push_str(&format!(
+            "kata_topo_check_duration_seconds_count{{{l}}} {}\n",
+            c.count
+        ));
+        out.push_str("# HELP kata_topo_topology_refreshes_total Host topology loads, by result.\n# TYPE kata_topo_topology_refreshes_total counter\n");
+        for result in ["ok", "failed"] {
+            out.push_str(&format!(
+                "kata_topo_topology_refreshes_total{{{l},result=\"{result}\"}} {}\n",
+                c.refreshes.get(result).copied().unwrap_or(0)
+            ));
+        }
+        out
+    }
+
+    fn write(&self, c: &Counters) {
+        if c.removed {
+            return;
+        }
+        let text = self.render(c);
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // The collector reads *.prom only: the temporary name never matches.
+        let tmp = self.path.with_file_name(format!(".{name}.tmp"));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.path);
+        }
+    }
+}
+
+impl Metrics for Textfile {
+    fn observe(&self, v: &Verdict, elapsed: Duration) {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        *c.checks
+            .entry((v.operation.to_string(), v.decision.to_string()))
+            .or_insert(0) += 1;
+        for f in &v.findings {
+            *c.findings
+                .entry((f.rule.id().to_string(), f.severity.to_string()))
+                .or_insert(0) += 1;
+        }
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|le| secs <= *le) {
+            c.buckets[i] += 1;
+        }
+        c.sum += secs;
+        c.count += 1;
+        self.write(&c);
+    }
+
+    fn refreshed(&self, ok: bool) {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        *c.refreshes
+            .entry(if ok { "ok" } else { "failed" })
+            .or_insert(0) += 1;
+        self.write(&c);
+    }
+
+    fn remove(&self) {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        c.removed = true;
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Publishes events to containerd off the request path.
@@ -230,6 +395,53 @@ pub fn publish(address: &str, namespace: &str, string_value: Vec<u8>) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn textfile_metrics_are_written_atomically_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = Textfile::new(dir.path(), "k8s.io", "sb1");
+        assert!(t.path().ends_with("kata-topo-k8s.io-sb1.prom"));
+        let first = std::fs::read_to_string(t.path()).expect("written at start");
+        assert!(
+            first.contains("kata_topo_sandbox_watched{namespace=\"k8s.io\",sandbox_id=\"sb1\"} 1")
+        );
+        let v: Verdict = serde_json::from_value(serde_json::json!({
+            "operation": "update", "class": "cpuset", "sandbox_id": "sb1", "container_id": "c1",
+            "container_name": "app", "pod": {}, "policy": "restricted", "mode": "audit",
+            "decision": "allow",
+            "findings": [{"rule": "vfio-remote", "severity": "error", "message": "m",
+                          "expected": {}, "observed": {}}]
+        }))
+        .expect("verdict");
+        t.observe(&v, Duration::from_micros(30));
+        t.observe(&v, Duration::from_millis(2));
+        t.refreshed(true);
+        let text = std::fs::read_to_string(t.path()).expect("read");
+        let l = "namespace=\"k8s.io\",sandbox_id=\"sb1\"";
+        for line in [
+            format!("kata_topo_checks_total{{{l},operation=\"update\",decision=\"allow\"}} 2"),
+            format!("kata_topo_findings_total{{{l},rule=\"vfio-remote\",severity=\"error\"}} 2"),
+            format!("kata_topo_check_duration_seconds_bucket{{{l},le=\"0.00005\"}} 1"),
+            format!("kata_topo_check_duration_seconds_bucket{{{l},le=\"+Inf\"}} 2"),
+            format!("kata_topo_check_duration_seconds_count{{{l}}} 2"),
+            format!("kata_topo_topology_refreshes_total{{{l},result=\"ok\"}} 1"),
+        ] {
+            assert!(text.lines().any(|x| x == line), "missing {line} in\n{text}");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        t.remove();
+        assert!(!t.path().exists());
+        t.observe(&v, Duration::from_micros(30));
+        assert!(
+            !t.path().exists(),
+            "a removed sandbox is never written again"
+        );
+    }
 
     #[test]
     fn formats_timestamps() {

@@ -13,6 +13,7 @@ pub mod intent;
 pub mod kata;
 pub mod request;
 pub mod simulate;
+pub mod state;
 pub mod sysfs;
 pub mod verdict;
 pub mod vm;

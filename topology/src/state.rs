@@ -8,7 +8,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use kata_topo::{Baseline, Resources, Verdict};
+use crate::intent::Baseline;
+use crate::request::Resources;
+use crate::verdict::Verdict;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -198,6 +200,102 @@ impl GroupState {
         }
         Ok(())
     }
+}
+
+/// Everything kept for one pod, as `kata-topo status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodState {
+    /// containerd namespace (`hook` for the OCI hook's fallback store).
+    pub namespace: String,
+    /// The pod group (sandbox id).
+    pub sandbox_id: String,
+    /// The sandbox's baseline.
+    pub sandbox: Option<Baseline>,
+    /// Container baselines by name.
+    pub containers: Vec<(String, Baseline)>,
+    /// Tasks by id.
+    pub tasks: Vec<(String, TaskRecord)>,
+    /// Latest verdict per task.
+    pub verdicts: Vec<(String, Verdict)>,
+    /// Files that could not be read.
+    pub unreadable: Vec<String>,
+}
+
+fn read_dir_json<T: DeserializeOwned>(
+    dir: &Path,
+    unreadable: &mut Vec<String>,
+) -> Vec<(String, T)> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(stem) = name.strip_suffix(".json").filter(|s| !s.starts_with('.')) else {
+            continue;
+        };
+        match read_json::<T>(&path) {
+            Ok(Some(v)) => out.push((stem.to_string(), v)),
+            Ok(None) => {}
+            Err(e) => unreadable.push(e.to_string()),
+        }
+    }
+    out
+}
+
+/// Every pod under a state directory (`state_dir/<namespace>/<sandbox>/`).
+pub fn list(state_dir: &Path) -> io::Result<Vec<PodState>> {
+    let mut pods = Vec::new();
+    let namespaces = match fs::read_dir(state_dir) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(pods),
+        Err(e) => return Err(e),
+    };
+    let mut ns_dirs: Vec<PathBuf> = namespaces
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    ns_dirs.sort();
+    for ns in ns_dirs {
+        let mut groups: Vec<PathBuf> = fs::read_dir(&ns)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        groups.sort();
+        for g in groups {
+            let mut unreadable = Vec::new();
+            let sandbox = match read_json(&g.join("sandbox.json")) {
+                Ok(b) => b,
+                Err(e) => {
+                    unreadable.push(e.to_string());
+                    None
+                }
+            };
+            pods.push(PodState {
+                namespace: ns
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                sandbox_id: g
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                sandbox,
+                containers: read_dir_json(&g.join("containers"), &mut unreadable),
+                tasks: read_dir_json(&g.join("tasks"), &mut unreadable),
+                verdicts: read_dir_json(&g.join("verdicts"), &mut unreadable),
+                unreadable,
+            });
+        }
+    }
+    Ok(pods)
 }
 
 #[cfg(test)]
