@@ -43,9 +43,28 @@ enum Command {
     /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
     /// 1 findings, 2 unreadable state (a node-problem-detector custom plugin).
     Status(StatusArgs),
+    /// Follow kata-topo's events (`/kata-topo/*`) from containerd until interrupted.
+    Events(EventsArgs),
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.
     Vm(VmArgs),
+}
+
+#[derive(Debug, Args)]
+struct EventsArgs {
+    /// containerd's gRPC socket.
+    #[arg(
+        long,
+        value_name = "SOCK",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: PathBuf,
+    /// Only this containerd namespace (CRI pods are in k8s.io).
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
+    /// Print each verdict as one JSON line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -164,6 +183,7 @@ pub fn run() -> ExitCode {
         Command::Check(args) => check(&args),
         Command::Vm(args) => vm(&args),
         Command::Status(args) => status(&args),
+        Command::Events(args) => events(&args),
     };
     match result {
         Ok(code) => code,
@@ -511,4 +531,68 @@ fn status(args: &StatusArgs) -> Result<ExitCode> {
     } else {
         0
     }))
+}
+
+/// `google.protobuf.StringValue`, the payload of kata-topo's events.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StringValue {
+    #[prost(string, tag = "1")]
+    value: String,
+}
+
+fn events(args: &EventsArgs) -> Result<ExitCode> {
+    use containerd_client::services::v1::events_client::EventsClient;
+    use containerd_client::services::v1::SubscribeRequest;
+    use prost::Message;
+    use std::io::Write;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the event loop")?;
+    rt.block_on(async {
+        let channel = containerd_client::connect(&args.address)
+            .await
+            .with_context(|| format!("cannot connect to containerd at {}", args.address.display()))?;
+        let mut filter = r#"topic~="^/kata-topo/""#.to_string();
+        if let Some(ns) = &args.namespace {
+            filter.push_str(&format!(",namespace=={ns}"));
+        }
+        let mut stream = EventsClient::new(channel)
+            .subscribe(SubscribeRequest {
+                filters: vec![filter],
+            })
+            .await
+            .with_context(|| format!("cannot subscribe to events at {}", args.address.display()))?
+            .into_inner();
+        let mut out = std::io::stdout();
+        while let Some(envelope) = stream
+            .message()
+            .await
+            .context("the event stream from containerd broke")?
+        {
+            let payload = envelope
+                .event
+                .as_ref()
+                .and_then(|any| StringValue::decode(any.value.as_slice()).ok())
+                .map(|s| s.value)
+                .unwrap_or_default();
+            let verdict: Option<kata_topo::Verdict> = serde_json::from_str(&payload).ok();
+            let line = match (args.json, verdict) {
+                (true, Some(_)) => payload,
+                (true, None) => serde_json::json!({"topic": envelope.topic, "namespace": envelope.namespace, "payload": payload}).to_string(),
+                (false, Some(v)) => format!(
+                    "{} {} {}",
+                    envelope.namespace,
+                    envelope.topic,
+                    v.human().trim_end().replace('\n', "\n    ")
+                ),
+                (false, None) => format!("{} {} {payload}", envelope.namespace, envelope.topic),
+            };
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                break;
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }
