@@ -12,7 +12,16 @@ APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
 	prometheus-node-exporter shellcheck ruby vagrant
 
-.PHONY: help deps build build-all test lint unit integration bench demo demo-cli clean
+# make install: PREFIX, DESTDIR as usual; PROFILE=debug installs the debug build.
+PREFIX ?= /usr/local
+DESTDIR ?=
+PROFILE ?= release
+KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
+BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
+SHARE_DIR := $(PREFIX)/share/kata-topo
+
+.PHONY: help deps build build-all build-release test lint unit integration bench demo demo-cli \
+	install uninstall clean
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
@@ -60,6 +69,27 @@ demo: build-all
 # The CLI alone on the bundled scenario (no containerd needed).
 demo-cli: build
 	@bash scenario/demo.sh
+
+build-release: deps
+	$(CARGO) build --release --workspace --locked --bins
+
+# Binaries where containerd finds the shim (its PATH), the Kata configuration where Kata's
+# configurations live, and the deploy/ files under $(SHARE_DIR).
+install: $(if $(filter release,$(PROFILE)),build-release)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	for b in $(BINARIES); do install -m 0755 target/$(PROFILE)/$$b $(DESTDIR)$(PREFIX)/bin/$$b; done
+	install -d $(DESTDIR)$(KATA_CONFIG_DIR)
+	install -m 0644 configuration-kata.toml $(DESTDIR)$(KATA_CONFIG_DIR)/configuration-kata-topo.toml
+	cd deploy && find . -type f | while read -r f; do \
+	  install -D -m 0644 "$$f" "$(DESTDIR)$(SHARE_DIR)/$${f#./}"; done
+	@echo "installed; next: merge $(SHARE_DIR)/containerd/kata-topo-config-v2.toml (or -v3) into containerd's config"
+
+uninstall:
+	for b in $(BINARIES); do rm -f $(DESTDIR)$(PREFIX)/bin/$$b; done
+	rm -f $(DESTDIR)$(KATA_CONFIG_DIR)/configuration-kata-topo.toml
+	rm -rf $(DESTDIR)$(SHARE_DIR)
+	-rmdir -p --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(KATA_CONFIG_DIR) \
+	  $(dir $(DESTDIR)$(SHARE_DIR)) 2>/dev/null
 
 clean:
 	$(CARGO) clean

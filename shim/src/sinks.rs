@@ -71,7 +71,54 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-/// Builds the JSON logger: `ts`, `level`, `msg` and the record's key-values, one object a line.
+/// journald's native socket.
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// Sends each complete JSON line to journald as one entry with `SYSLOG_IDENTIFIER=kata-topo`
+/// (node-problem-detector's journald source matches on it).
+struct Journal {
+    socket: std::os::unix::net::UnixDatagram,
+    line: Vec<u8>,
+}
+
+impl Journal {
+    fn open() -> Option<Self> {
+        if !Path::new(JOURNAL_SOCKET).exists() {
+            return None;
+        }
+        let socket = std::os::unix::net::UnixDatagram::unbound().ok()?;
+        socket.connect(JOURNAL_SOCKET).ok()?;
+        Some(Self {
+            socket,
+            line: Vec::new(),
+        })
+    }
+}
+
+impl Write for Journal {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.line.extend_from_slice(buf);
+        while let Some(end) = self.line.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.line.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).replace('\n', " ");
+            let priority = if text.contains("\"level\":\"error\"") {
+                3
+            } else {
+                4
+            };
+            let entry =
+                format!("SYSLOG_IDENTIFIER=kata-topo\nPRIORITY={priority}\nMESSAGE={text}\n");
+            let _ = self.socket.send(entry.as_bytes());
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Builds the JSON logger: `ts`, `level`, `msg` and the record's key-values, one object a line,
+/// to `path`, to journald where it runs, and to stderr when debugging.
 pub fn json_logger(path: &Path, also_stderr: bool) -> Logger {
     let file = OpenOptions::new().create(true).append(true).open(path);
     let mut sinks: Vec<Box<dyn Write + Send>> = Vec::new();
@@ -80,6 +127,9 @@ pub fn json_logger(path: &Path, also_stderr: bool) -> Logger {
     }
     if also_stderr {
         sinks.push(Box::new(Lenient(std::io::stderr())));
+    }
+    if let Some(journal) = Journal::open() {
+        sinks.push(Box::new(journal));
     }
     struct Tee(Vec<Box<dyn Write + Send>>);
     impl Write for Tee {

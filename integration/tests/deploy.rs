@@ -1,0 +1,316 @@
+//! The deployment files: the containerd snippet loads in the real containerd 1.6, the YAML and
+//! JSON parse and say what they should, node-problem-detector's patterns match exactly their
+//! findings in log lines a real wrapper wrote, and `make install` / `make uninstall` leave
+//! nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use kata_topo_integration::{workspace, Containerd, Guard, Res};
+use serde_json::Value;
+
+fn deploy(rel: &str) -> PathBuf {
+    workspace().join("deploy").join(rel)
+}
+
+#[test]
+fn the_containerd_1_6_snippet_loads_in_the_real_containerd() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let main = dir.path().join("config.toml");
+    std::fs::write(
+        &main,
+        format!(
+            "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\nimports = [\"{1}\"]\n",
+            dir.path().display(),
+            deploy("containerd/kata-topo-config-v2.toml").display()
+        ),
+    )
+    .expect("config");
+    let out = Command::new("containerd")
+        .arg("--config")
+        .arg(&main)
+        .args(["config", "dump"])
+        .output()
+        .expect("containerd config dump");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump: toml::Table = String::from_utf8_lossy(&out.stdout)
+        .parse()
+        .expect("dump is TOML");
+    let rt = &dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["kata-topo"];
+    assert_eq!(
+        rt["runtime_type"].as_str(),
+        Some("io.containerd.kata-topo.v2")
+    );
+    let annotations: Vec<&str> = rt["pod_annotations"]
+        .as_array()
+        .expect("pod_annotations")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(annotations.contains(&"kata-topo.io/*"), "{annotations:?}");
+    assert_eq!(
+        rt["options"]["ConfigPath"].as_str(),
+        Some("/opt/kata/share/defaults/kata-containers/configuration-kata-topo.toml")
+    );
+}
+
+#[test]
+fn the_containerd_2_snippet_is_version_3() {
+    let text =
+        std::fs::read_to_string(deploy("containerd/kata-topo-config-v3.toml")).expect("read");
+    let t: toml::Table = text.parse().expect("TOML");
+    assert_eq!(t["version"].as_integer(), Some(3));
+    let rt = &t["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["kata-topo"];
+    assert_eq!(
+        rt["runtime_type"].as_str(),
+        Some("io.containerd.kata-topo.v2")
+    );
+    assert!(rt["pod_annotations"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("kata-topo.io/*"))));
+}
+
+#[test]
+fn kubernetes_and_npd_files_parse_and_say_what_they_should() {
+    let yaml = |rel: &str| -> Vec<serde_yaml::Value> {
+        let text = std::fs::read_to_string(deploy(rel)).expect("read");
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| {
+                <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("YAML document")
+            })
+            .collect()
+    };
+    let rc = &yaml("kubernetes/runtimeclass.yaml")[0];
+    assert_eq!(rc["kind"].as_str(), Some("RuntimeClass"));
+    assert_eq!(rc["handler"].as_str(), Some("kata-topo"));
+    assert!(rc["overhead"]["podFixed"]["cpu"].is_string());
+    assert!(rc["scheduling"]["nodeSelector"].is_mapping());
+    let pod = &yaml("kubernetes/example-pod.yaml")[0];
+    assert_eq!(pod["spec"]["runtimeClassName"].as_str(), Some("kata-topo"));
+    assert_eq!(
+        pod["metadata"]["annotations"]["kata-topo.io/policy"].as_str(),
+        Some("single-numa-node")
+    );
+    assert!(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"].is_string());
+    let ds = &yaml("node-problem-detector/daemonset-patch.yaml")[0];
+    assert_eq!(ds["kind"].as_str(), Some("DaemonSet"));
+    let plugin: Value = serde_json::from_slice(
+        &std::fs::read(deploy(
+            "node-problem-detector/kata-topo-plugin-monitor.json",
+        ))
+        .expect("read"),
+    )
+    .expect("JSON");
+    assert_eq!(plugin["plugin"], "custom");
+    assert_eq!(plugin["conditions"][0]["type"], "KataTopologyMismatch");
+    assert_eq!(plugin["rules"][0]["type"], "permanent");
+    assert_eq!(plugin["rules"][0]["args"][0], "status");
+}
+
+fn npd(rel: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(deploy(rel)).expect("read")).expect("JSON")
+}
+
+/// Every rule id kata-topo has.
+const RULES: &[&str] = &[
+    "cpu-unknown",
+    "cpu-spans-numa",
+    "cpu-outside-intent",
+    "mems-mismatch",
+    "memory-exceeds-nodes",
+    "vfio-remote",
+    "vfio-locality-unknown",
+    "vfio-missing",
+    "topology-drift",
+    "vcpu-pinning-lost",
+    "vcpu-affinity-drift",
+    "vcpu-overlap",
+    "guest-numa-uncovered",
+    "check-failed",
+    "intent-invalid",
+];
+
+/// Lines for every rule: those a real wrapper under a real containerd wrote, plus one per
+/// remaining rule written by the same logger.
+fn log_lines() -> Vec<String> {
+    let c = Containerd::start(Guard::default());
+    let mut cri = c.cri();
+    let cfg = cri.pod_config(
+        "npd",
+        &[
+            ("kata-topo.io/policy", "single-numa-node"),
+            ("kata-topo.io/numa-nodes", "1"),
+        ],
+    );
+    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+    let res = Res {
+        cpus: "1",
+        quota: 100_000,
+        memory: 256 << 20,
+        ..Res::default()
+    };
+    let id = cri
+        .start_container(&pod, &cfg, "app", &res, true)
+        .expect("start");
+    cri.update(
+        &id,
+        &Res {
+            cpus: "0",
+            ..res.clone()
+        },
+    )
+    .expect("push");
+    cri.update(
+        &id,
+        &Res {
+            cpus: "0-1",
+            ..res.clone()
+        },
+    )
+    .expect("widen");
+    cri.remove_pod(&pod);
+    let _ = c.wait_clean(Duration::from_secs(15));
+    let mut lines: Vec<String> = std::fs::read_to_string(&c.log_file)
+        .expect("log")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let seen: Vec<String> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|l| l["rule"].as_str().map(str::to_string))
+        .collect();
+    for expected in ["cpu-outside-intent", "cpu-spans-numa", "vfio-remote"] {
+        assert!(
+            seen.iter().any(|r| r == expected),
+            "the wrapper logged {expected}: {seen:?}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("more.log");
+    let log = kata_topo_shim::sinks::json_logger(&path, false);
+    for rule in RULES.iter().filter(|r| !seen.iter().any(|s| s == *r)) {
+        let v: kata_topo::Verdict = serde_json::from_value(serde_json::json!({
+            "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c",
+            "container_name": "app", "pod": {"name": "p", "namespace": "ns", "uid": "u"},
+            "policy": "restricted", "mode": "audit", "decision": "allow",
+            "findings": [{"rule": rule, "severity": "warning", "message": format!("a {rule} finding mentioning \"rule\":\"vfio-remote\""),
+                          "expected": {"rule": "vfio-remote"}, "observed": {}}]
+        }))
+        .expect("verdict");
+        kata_topo_shim::sinks::log_verdict(&log, &v);
+    }
+    drop(log);
+    lines.extend(
+        std::fs::read_to_string(&path)
+            .expect("log")
+            .lines()
+            .map(str::to_string),
+    );
+    lines
+}
+
+#[test]
+fn npd_patterns_match_exactly_their_findings() {
+    let lines = log_lines();
+    for file in [
+        "kata-topo-filelog-monitor.json",
+        "kata-topo-journald-monitor.json",
+    ] {
+        let monitor = npd(&format!("node-problem-detector/{file}"));
+        let rules = monitor["rules"].as_array().expect("rules");
+        assert_eq!(
+            rules.len(),
+            RULES.len(),
+            "{file}: one NPD rule per kata-topo rule"
+        );
+        for rule in rules {
+            let pattern = rule["pattern"].as_str().expect("pattern");
+            assert!(
+                pattern.ends_with('$'),
+                "{file}: {pattern} is anchored to the end of the line"
+            );
+            let re = regex::Regex::new(pattern).expect("RE2-compatible pattern");
+            let reason = rule["reason"].as_str().expect("reason");
+            let id = RULES
+                .iter()
+                .find(|r| pattern.contains(&format!("\"rule\":\"{r}\"")))
+                .unwrap_or_else(|| panic!("{pattern} names no rule"));
+            let mut matched = 0;
+            for line in &lines {
+                let finding: Value = serde_json::from_str(line).expect("JSON line");
+                let is_it = finding["rule"] == *id;
+                assert_eq!(re.is_match(line), is_it, "{reason} vs {line}");
+                matched += usize::from(is_it);
+            }
+            assert!(matched > 0, "{reason} matched no line");
+        }
+    }
+    let filelog = npd("node-problem-detector/kata-topo-filelog-monitor.json");
+    let ts = regex::Regex::new(filelog["pluginConfig"]["timestamp"].as_str().expect("ts"))
+        .expect("ts re");
+    let msg = regex::Regex::new(filelog["pluginConfig"]["message"].as_str().expect("msg"))
+        .expect("msg re");
+    for line in &lines {
+        let stamp = ts
+            .captures(line)
+            .and_then(|c| c.get(1))
+            .expect("a timestamp")
+            .as_str();
+        assert!(stamp.ends_with('Z') && stamp.len() == 27, "{stamp}");
+        let finding = line.contains("\"event\":\"finding\"");
+        assert_eq!(msg.is_match(line), finding, "{line}");
+    }
+}
+
+#[test]
+fn make_install_and_uninstall_leave_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dest = dir.path().join("root");
+    let make = |target: &str| {
+        let out = Command::new("make")
+            .arg("-C")
+            .arg(workspace())
+            .arg(target)
+            .arg(format!("DESTDIR={}", dest.display()))
+            .arg("PROFILE=debug")
+            .output()
+            .expect("make");
+        assert!(
+            out.status.success(),
+            "make {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    make("install");
+    for f in [
+        "usr/local/bin/containerd-shim-kata-topo-v2",
+        "usr/local/bin/kata-topo",
+        "usr/local/bin/kata-topo-hook",
+        "opt/kata/share/defaults/kata-containers/configuration-kata-topo.toml",
+        "usr/local/share/kata-topo/containerd/kata-topo-config-v2.toml",
+        "usr/local/share/kata-topo/node-problem-detector/kata-topo-plugin-monitor.json",
+        "usr/local/share/kata-topo/kubernetes/runtimeclass.yaml",
+    ] {
+        assert!(dest.join(f).is_file(), "{f} installed");
+    }
+    make("uninstall");
+    let left: Vec<PathBuf> = walk(&dest);
+    assert_eq!(left, Vec::<PathBuf>::new(), "uninstall leaves nothing");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.path());
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
