@@ -21,12 +21,14 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps build build-all build-release test lint unit integration bench demo demo-cli \
-	install uninstall clean
+	install uninstall vagrant-test clean
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
-	@echo "make bench  - criterion benchmarks (not tests)"
+	@echo "make bench  - benchmarks (not tests)"
+	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
+	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update.
 deps:
@@ -90,6 +92,11 @@ uninstall:
 	rm -rf $(DESTDIR)$(SHARE_DIR)
 	-rmdir -p --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(KATA_CONFIG_DIR) \
 	  $(dir $(DESTDIR)$(SHARE_DIR)) 2>/dev/null
+
+# The end-to-end environment with real Kata (needs Vagrant with libvirt or VirtualBox and
+# nested virtualisation; see vagrant/Vagrantfile).
+vagrant-test:
+	cd vagrant && vagrant up && vagrant provision --provision-with test
 
 clean:
 	$(CARGO) clean

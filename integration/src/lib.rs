@@ -493,12 +493,23 @@ state = "{d}/state"
 
     /// A CRI client over containerd's socket.
     pub fn cri(&self) -> Cri {
+        Cri::connect(
+            &self.socket,
+            &self.dir.path().join("pod-logs"),
+            &self.vfio_node,
+        )
+    }
+}
+
+impl Cri {
+    /// Connects to a CRI socket; pod logs go under `logs`, `/dev/vfio/42` is backed by `vfio_node`.
+    pub fn connect(socket: &Path, logs: &Path, vfio_node: &Path) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("tokio");
-        let path = self.socket.clone();
+        let path = socket.to_path_buf();
         let channel = rt
             .block_on(async move {
                 tonic::transport::Endpoint::try_from("http://[::]:50051")
@@ -517,8 +528,8 @@ state = "{d}/state"
         Cri {
             client: RuntimeServiceClient::new(channel),
             rt,
-            logs: self.dir.path().join("pod-logs"),
-            vfio_node: self.vfio_node.clone(),
+            logs: logs.to_path_buf(),
+            vfio_node: vfio_node.to_path_buf(),
         }
     }
 }
