@@ -799,6 +799,26 @@ impl Cri {
             .map(|_| ())
     }
 
+    /// Waits until the CRI service answers (after a containerd restart it first recovers its
+    /// state and answers "server is not initialized yet").
+    pub fn wait_ready(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let mut client = self.client.clone();
+            let ready = self.rt.block_on(async move {
+                client
+                    .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+                    .await
+                    .is_ok()
+            });
+            if ready {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
     /// `ContainerStatus` (verbose): state and the runtime spec containerd keeps.
     pub fn status(&mut self, id: &str) -> (i32, serde_json::Value) {
         let req = cri::ContainerStatusRequest {

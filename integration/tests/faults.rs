@@ -109,6 +109,10 @@ fn containerd_restart_reconnects_through_the_wrapper() {
     drop(cri);
     c.restart();
     let mut cri = c.cri();
+    assert!(
+        cri.wait_ready(Duration::from_secs(30)),
+        "CRI did not come back after the restart"
+    );
     assert_eq!(cri.status(&id).0, RUNNING);
     assert_eq!(
         c.pids_matching("kata-topo-daemon"),

@@ -314,11 +314,26 @@ pub fn remove_dead_socket(path: &Path) {
     }
 }
 
+/// Removes the socket of a process that is exiting: it may still accept for a moment after
+/// its connections closed, so wait (bounded) until nothing listens.
+fn remove_socket_of_exiting(path: &Path) {
+    for _ in 0..60 {
+        if !path.exists() {
+            return;
+        }
+        if UnixStream::connect(path).is_err() {
+            let _ = std::fs::remove_file(path);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The daemon's cleanup once serving stopped.
 pub fn cleanup(exit: &Exit, own_socket: &Path, delegate: &Delegate, state_dir: Option<PathBuf>) {
     let _ = std::fs::remove_file(own_socket);
     if *exit == Exit::DelegateGone {
-        remove_dead_socket(Path::new(socket_path(&delegate.address)));
+        remove_socket_of_exiting(Path::new(socket_path(&delegate.address)));
         if let Some(dir) = state_dir {
             let _ = std::fs::remove_dir_all(&dir);
             if let Some(parent) = dir.parent() {
