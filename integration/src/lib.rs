@@ -646,6 +646,25 @@ pub struct Res {
 }
 
 impl Res {
+    /// What the simulated kubelet admits a container with: CPU 1 (NUMA node 1 of the simulated
+    /// host), a 1-CPU quota, 256 MiB.
+    pub fn admitted() -> Self {
+        Self {
+            cpus: "1",
+            quota: 100_000,
+            memory: 256 << 20,
+            ..Self::default()
+        }
+    }
+
+    /// The same resources on other CPUs.
+    pub fn on(&self, cpus: &'static str) -> Self {
+        Self {
+            cpus,
+            ..self.clone()
+        }
+    }
+
     fn cri(&self) -> cri::LinuxContainerResources {
         cri::LinuxContainerResources {
             cpu_period: 100_000,
@@ -784,6 +803,23 @@ impl Cri {
         self.rt
             .block_on(async move { client.start_container(start).await })
             .map(|_| ())
+    }
+
+    /// `RunPodSandbox` on the `kata-topo` handler, then container `app` admitted with
+    /// [`Res::admitted`] (and `/dev/vfio/42` when `vfio`). Returns the pod id, its configuration
+    /// and the container id.
+    pub fn admit(
+        &mut self,
+        pod_name: &str,
+        annotations: &[(&str, &str)],
+        vfio: bool,
+    ) -> (String, cri::PodSandboxConfig, String) {
+        let cfg = self.pod_config(pod_name, annotations);
+        let pod = self.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+        let id = self
+            .start_container(&pod, &cfg, "app", &Res::admitted(), vfio)
+            .expect("StartContainer");
+        (pod, cfg, id)
     }
 
     /// `UpdateContainerResources`.

@@ -28,12 +28,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     let mut cri = c.cri();
     let cfg = cri.pod_config("trainer-pod", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let on_node1 = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
+    let on_node1 = Res::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &on_node1, true)
         .expect("StartContainer");
@@ -54,10 +49,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     assert!(c.findings().is_empty(), "{:#?}", c.findings());
 
     // CPU-manager push onto node 0: allowed in audit, reported.
-    let on_node0 = Res {
-        cpus: "0",
-        ..resized.clone()
-    };
+    let on_node0 = resized.on("0");
     cri.update(&id, &on_node0).expect("audit forwards the push");
     assert_eq!(cri.allowed_cpus(&id), "0", "the delegate applied it");
     assert_eq!(
@@ -95,10 +87,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     // Recreate in the running pod with a cpuset that spans both nodes: checked against the
     // baseline, allowed in audit.
     cri.remove_container(&id);
-    let spanning = Res {
-        cpus: "0-1",
-        ..on_node1.clone()
-    };
+    let spanning = on_node1.on("0-1");
     let again = cri
         .start_container(&pod, &cfg, "trainer", &spanning, true)
         .expect("recreate");
@@ -121,12 +110,7 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
     let mut cri = c.cri();
     let cfg = cri.pod_config("strict-pod", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let on_node1 = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
+    let on_node1 = Res::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &on_node1, true)
         .expect("StartContainer");
@@ -141,13 +125,7 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
     .expect("resize on the same node");
 
     let err = cri
-        .update(
-            &id,
-            &Res {
-                cpus: "0",
-                ..on_node1.clone()
-            },
-        )
+        .update(&id, &on_node1.on("0"))
         .expect_err("enforce refuses the push");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     let message = err.message();
@@ -181,16 +159,7 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
     // A recreate that crosses nodes is refused at start; the pod stays.
     cri.remove_container(&id);
     let refused = cri
-        .create_container(
-            &pod,
-            &cfg,
-            "trainer",
-            &Res {
-                cpus: "0",
-                ..on_node1.clone()
-            },
-            true,
-        )
+        .create_container(&pod, &cfg, "trainer", &on_node1.on("0"), true)
         .expect("CreateContainer");
     let err = cri.start(&refused).expect_err("recreate refused at start");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
@@ -212,12 +181,7 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
 fn two_pods_and_fifty_concurrent_updates() {
     let c = Containerd::start(Guard::default());
     let mut cri = c.cri();
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
+    let res = Res::admitted();
     let mut pods = Vec::new();
     for name in ["pod-a", "pod-b"] {
         let cfg = cri.pod_config(name, POD_ANNOTATIONS);

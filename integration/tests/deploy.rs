@@ -140,39 +140,17 @@ const RULES: &[&str] = &[
 fn log_lines() -> Vec<String> {
     let c = Containerd::start(Guard::default());
     let mut cri = c.cri();
-    let cfg = cri.pod_config(
+    let (pod, _cfg, id) = cri.admit(
         "npd",
         &[
             ("kata-topo.io/policy", "single-numa-node"),
             ("kata-topo.io/numa-nodes", "1"),
         ],
+        true,
     );
-    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
-    let id = cri
-        .start_container(&pod, &cfg, "app", &res, true)
-        .expect("start");
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..res.clone()
-        },
-    )
-    .expect("push");
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0-1",
-            ..res.clone()
-        },
-    )
-    .expect("widen");
+    let res = Res::admitted();
+    cri.update(&id, &res.on("0")).expect("push");
+    cri.update(&id, &res.on("0-1")).expect("widen");
     cri.remove_pod(&pod);
     let _ = c.wait_clean(Duration::from_secs(15));
     let mut lines: Vec<String> = std::fs::read_to_string(&c.log_file)

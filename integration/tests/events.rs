@@ -30,25 +30,9 @@ fn events_prints_a_published_finding() {
     let (mut other_child, other_out) = spawn(true, "default");
     std::thread::sleep(Duration::from_millis(500));
     let mut cri = c.cri();
-    let cfg = cri.pod_config("watched", &[("kata-topo.io/numa-nodes", "1")]);
-    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
-    let id = cri
-        .start_container(&pod, &cfg, "app", &res, true)
-        .expect("start");
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..res.clone()
-        },
-    )
-    .expect("push");
+    let (pod, _cfg, id) = cri.admit("watched", &[("kata-topo.io/numa-nodes", "1")], true);
+    let res = Res::admitted();
+    cri.update(&id, &res.on("0")).expect("push");
     let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     assert!(
         eventually(Duration::from_secs(10), || read(&json_out)

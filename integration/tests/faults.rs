@@ -94,17 +94,8 @@ fn wrapper_killed_delete_cleans_the_delegate_up() {
 fn containerd_restart_reconnects_through_the_wrapper() {
     let mut c = Containerd::start(Guard::default());
     let mut cri = c.cri();
-    let cfg = cri.pod_config("survivor", &[("kata-topo.io/numa-nodes", "1")]);
-    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
-    let id = cri
-        .start_container(&pod, &cfg, "app", &res, true)
-        .expect("start");
+    let (pod, _cfg, id) = cri.admit("survivor", &[("kata-topo.io/numa-nodes", "1")], true);
+    let res = Res::admitted();
     let wrapper = c.pids_matching("kata-topo-daemon");
     drop(cri);
     c.restart();
@@ -119,14 +110,7 @@ fn containerd_restart_reconnects_through_the_wrapper() {
         wrapper,
         "the same wrapper serves on"
     );
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..res.clone()
-        },
-    )
-    .expect("audit forwards");
+    cri.update(&id, &res.on("0")).expect("audit forwards");
     assert!(
         c.findings()
             .iter()
@@ -163,25 +147,9 @@ fn unreadable_topology_is_check_failed_and_the_pod_runs() {
         ..Guard::default()
     });
     let mut cri = c.cri();
-    let cfg = cri.pod_config("blind", &[]);
-    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
-    let id = cri
-        .start_container(&pod, &cfg, "app", &res, false)
-        .expect("start");
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..res.clone()
-        },
-    )
-    .expect("forwarded");
+    let (pod, _cfg, id) = cri.admit("blind", &[], false);
+    let res = Res::admitted();
+    cri.update(&id, &res.on("0")).expect("forwarded");
     assert_eq!(cri.status(&id).0, RUNNING);
     let failed: Vec<_> = c
         .findings()

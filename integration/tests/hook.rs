@@ -45,16 +45,7 @@ fn hook_in_the_base_runtime_spec_refuses_a_crossing_container() {
         .any(|l| l["rule"] == "vfio-remote" && l["decision"] == "reject"));
     cri.remove_container(&bad);
     let good = cri
-        .start_container(
-            &pod,
-            &cfg,
-            "worker",
-            &Res {
-                cpus: "1",
-                ..res.clone()
-            },
-            true,
-        )
+        .start_container(&pod, &cfg, "worker", &res.on("1"), true)
         .expect("a compliant container starts");
     assert_eq!(cri.status(&good).0, RUNNING);
     cri.remove_pod(&pod);

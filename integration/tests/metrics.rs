@@ -82,17 +82,8 @@ fn node_exporter_reads_the_wrapper_metrics_and_they_go_with_the_sandbox() {
     std::fs::create_dir_all(&c.metrics_dir).expect("metrics dir");
     let ne = NodeExporter::start(&c.metrics_dir);
     let mut cri = c.cri();
-    let cfg = cri.pod_config("metered", &[("kata-topo.io/numa-nodes", "1")]);
-    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let res = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
-    let id = cri
-        .start_container(&pod, &cfg, "app", &res, true)
-        .expect("start");
+    let (pod, _cfg, id) = cri.admit("metered", &[("kata-topo.io/numa-nodes", "1")], true);
+    let res = Res::admitted();
     cri.update(
         &id,
         &Res {
@@ -101,14 +92,7 @@ fn node_exporter_reads_the_wrapper_metrics_and_they_go_with_the_sandbox() {
         },
     )
     .expect("resize");
-    cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..res.clone()
-        },
-    )
-    .expect("push");
+    cri.update(&id, &res.on("0")).expect("push");
     let base = [("namespace", "k8s.io"), ("sandbox_id", pod.as_str())];
     let with = |extra: &[(&'static str, &'static str)]| {
         let mut l: Vec<(&str, &str)> = base.to_vec();

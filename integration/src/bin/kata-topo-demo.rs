@@ -48,12 +48,7 @@ fn main() {
     ];
     let cfg = cri.pod_config("trainer-pod", &annotations);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let admitted = Res {
-        cpus: "1",
-        quota: 100_000,
-        memory: 256 << 20,
-        ..Res::default()
-    };
+    let admitted = Res::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &admitted, true)
         .expect("StartContainer");
@@ -70,10 +65,7 @@ fn main() {
     show_findings(&c, &mut seen);
 
     step("CPU-manager reconcile pushes cpuset 0 (node 0): the GPU's DMA now crosses sockets");
-    let pushed = Res {
-        cpus: "0",
-        ..resized.clone()
-    };
+    let pushed = resized.on("0");
     cri.update(&id, &pushed).expect("audit mode forwards");
     println!("container {id} now runs on CPUs {}", cri.allowed_cpus(&id));
     show_findings(&c, &mut seen);
@@ -88,16 +80,7 @@ fn main() {
     step("The container is recreated in its running pod (image update) with cpuset 0-1");
     cri.remove_container(&id);
     let recreated = cri
-        .start_container(
-            &pod,
-            &cfg,
-            "trainer",
-            &Res {
-                cpus: "0-1",
-                ..admitted.clone()
-            },
-            true,
-        )
+        .start_container(&pod, &cfg, "trainer", &admitted.on("0-1"), true)
         .expect("recreate");
     show_findings(&c, &mut seen);
     cri.remove_container(&recreated);
@@ -116,13 +99,7 @@ fn main() {
     let id = cri
         .start_container(&pod, &strict, "trainer", &admitted, true)
         .expect("StartContainer");
-    match cri.update(
-        &id,
-        &Res {
-            cpus: "0",
-            ..admitted.clone()
-        },
-    ) {
+    match cri.update(&id, &admitted.on("0")) {
         Ok(()) => println!("unexpected: the update went through"),
         Err(status) => println!(
             "UpdateContainerResources -> {:?}: {}",
