@@ -85,6 +85,8 @@ pub struct Guard {
     sysfs: Sysfs,
     state: GroupState,
     announced: Mutex<HashMap<(String, String), String>>,
+    /// Parsed specs by bundle: an update must not re-parse `config.json` on the request path.
+    specs: Mutex<HashMap<PathBuf, Arc<ContainerSpec>>>,
     first_load: (Mutex<bool>, Condvar),
     log: Logger,
     events: Events,
@@ -130,6 +132,7 @@ impl Guard {
             first_load: (Mutex::new(false), Condvar::new()),
             state,
             announced: Mutex::new(HashMap::new()),
+            specs: Mutex::new(HashMap::new()),
             log,
             events,
             metrics,
@@ -280,11 +283,30 @@ impl Guard {
         catch_unwind(AssertUnwindSafe(|| checker.record_baseline(spec))).ok()
     }
 
+    /// The spec in a bundle, parsed once per bundle.
+    fn spec_of(
+        &self,
+        bundle: &Path,
+    ) -> Result<Arc<ContainerSpec>, kata_topo::request::RequestError> {
+        let mut specs = self.specs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(spec) = specs.get(bundle) {
+            return Ok(Arc::clone(spec));
+        }
+        let spec = Arc::new(ContainerSpec::from_file(&bundle.join("config.json"))?);
+        specs.insert(bundle.to_path_buf(), Arc::clone(&spec));
+        Ok(spec)
+    }
+
     /// A task `Create`: the sandbox's, a container's first (records its baseline), or a
     /// recreate of a container name the sandbox already ran (checked against its baseline).
     pub fn on_create(&self, task_id: &str, bundle: &Path) -> Outcome {
         let started = Instant::now();
-        let spec = match ContainerSpec::from_file(&bundle.join("config.json")) {
+        // A recreate reuses the bundle path: always read what this Create brings.
+        self.specs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(bundle);
+        let spec = match self.spec_of(bundle) {
             Ok(s) => s,
             Err(e) => {
                 let mut v = failed_verdict(
@@ -347,9 +369,7 @@ impl Guard {
     pub fn on_update(&self, task_id: &str, resources_json: &[u8]) -> Outcome {
         let started = Instant::now();
         let record = self.state.task(task_id).unwrap_or(None);
-        let spec = record
-            .as_ref()
-            .map(|r| ContainerSpec::from_file(&r.bundle.join("config.json")));
+        let spec = record.as_ref().map(|r| self.spec_of(&r.bundle));
         let update = Resources::from_json(resources_json);
         let (spec, update, record) = match (spec, update, record) {
             (Some(Ok(spec)), Ok(update), Some(record)) => (spec, update, record),
@@ -380,8 +400,10 @@ impl Guard {
                 .and_then(|n| self.state.container_baseline(n).unwrap_or(None))
         };
         let kata = self.kata.with_annotations(&spec.annotations);
+        // Only static sizing needs the VM's real vCPU count to predict pinning.
         let vm = record
             .pid
+            .filter(|_| kata.enable_vcpus_pinning && kata.static_sandbox_resource_mgmt)
             .and_then(|pid| VmView::read(&self.config.procfs_root, pid).ok())
             .filter(VmView::is_vmm);
         let request = Request {
@@ -500,7 +522,7 @@ impl Guard {
         let Some(record) = self.state.task(task_id).ok().flatten() else {
             return;
         };
-        let Ok(spec) = ContainerSpec::from_file(&record.bundle.join("config.json")) else {
+        let Ok(spec) = self.spec_of(&record.bundle) else {
             return;
         };
         let started = Instant::now();
@@ -565,8 +587,14 @@ impl Guard {
                 other => other.map(|_| ()),
             },
             After::Deleted { task_id } => {
-                let sandbox = task_id == self.group
-                    || matches!(self.state.task(&task_id), Ok(Some(r)) if r.sandbox);
+                let record = self.state.task(&task_id).ok().flatten();
+                if let Some(r) = &record {
+                    self.specs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&r.bundle);
+                }
+                let sandbox = task_id == self.group || record.is_some_and(|r| r.sandbox);
                 self.announced
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
