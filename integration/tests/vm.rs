@@ -4,115 +4,10 @@
 //! simulated two-node host whose nodes are this machine's CPUs 0 and 1.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use kata_topo_integration::{bin_dir, eventually, workspace};
+use kata_topo_integration::{bin_dir, workspace, Qemu};
 use serde_json::{json, Value};
-
-struct Qemu {
-    child: Child,
-}
-
-impl Qemu {
-    fn start() -> Self {
-        assert!(
-            Command::new("sh")
-                .args(["-c", "command -v qemu-system-x86_64"])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success()),
-            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; make test does)"
-        );
-        let kvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/kvm")
-            .is_ok();
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-S", "-name", "kata-topo-test,debug-threads=on"])
-            .args([
-                "-machine",
-                if kvm {
-                    "q35,accel=kvm"
-                } else {
-                    "q35,accel=tcg"
-                },
-            ])
-            .args(["-smp", "2", "-m", "64"])
-            .args([
-                "-object",
-                "memory-backend-ram,id=mem0,size=64M,host-nodes=0,policy=bind",
-            ])
-            .args(["-numa", "node,nodeid=0,memdev=mem0"])
-            .args([
-                "-display",
-                "none",
-                "-nodefaults",
-                "-no-user-config",
-                "-serial",
-                "none",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start qemu");
-        let q = Self { child };
-        let pid = q.pid();
-        assert!(
-            eventually(Duration::from_secs(20), || q.vcpu_tids().len() == 2),
-            "qemu {pid} did not start two named vCPU threads"
-        );
-        q
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn vcpu_tids(&self) -> Vec<(u32, u32)> {
-        let mut found = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{}/task", self.pid()))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if let Some(rest) = comm.trim().strip_prefix("CPU ") {
-                if let Some((n, _)) = rest.split_once('/') {
-                    found.push((n.parse().unwrap_or(0), tid));
-                }
-            }
-        }
-        found.sort();
-        found
-    }
-
-    /// Pins vCPU `index` to host CPUs `cpus` (sched_setaffinity through taskset).
-    fn pin(&self, index: u32, cpus: &str) {
-        let tid = self
-            .vcpu_tids()
-            .into_iter()
-            .find(|(i, _)| *i == index)
-            .map(|(_, t)| t)
-            .expect("vCPU thread");
-        let ok = Command::new("taskset")
-            .args(["-p", "-c", cpus, &tid.to_string()])
-            .stdout(Stdio::null())
-            .status()
-            .expect("taskset");
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn kata_topo(args: &[&str]) -> (i32, Value, String) {
     let out = Command::new(bin_dir().join("kata-topo"))
@@ -225,4 +120,60 @@ fn a_process_without_named_vcpus_is_not_a_vmm() {
     let (code, _, text) = kata_topo(&["vm", "--pid", "999999999"]);
     assert_eq!(code, 2);
     assert!(text.contains("999999999"), "{text}");
+}
+
+/// The wrapper's own observation: after the delegate accepted a container's create, it re-reads
+/// the VMM whose pid the reply carried and reports what the vCPU threads really do.
+#[test]
+fn the_wrapper_observes_the_vm_after_a_create() {
+    use std::sync::Arc;
+
+    use kata_topo_shim::config::Config;
+    use kata_topo_shim::guard::{Guard, Outcome};
+    use kata_topo_shim::sinks::{json_logger, Events, NoMetrics};
+
+    let q = Qemu::start();
+    q.pin(0, "0");
+    q.pin(1, "0");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log_file = dir.path().join("kt.log");
+    let config = Config::parse(
+        &format!(
+            "[topology_guard]\ntopology_xml = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            workspace().join("scenario/two-node-host.xml").display(),
+            dir.path().join("state").display(),
+            log_file.display()
+        ),
+        Path::new("test.toml"),
+    )
+    .expect("config");
+    let log = json_logger(&log_file, false);
+    let guard = Arc::new(
+        Guard::new(
+            config,
+            kata_topo::kata::KataConfig::default(),
+            "k8s.io",
+            "sb",
+            log.clone(),
+            Events::start(None, String::new(), log),
+            Box::new(NoMetrics),
+        )
+        .expect("guard"),
+    );
+    guard.refresh();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    spec(&bundle, "0-1");
+    let Outcome::Forward(Some(after)) = guard.on_create("c1", &bundle) else {
+        panic!("a clean create is forwarded");
+    };
+    guard.commit(after, Some(q.pid()));
+    let found = kata_topo_integration::eventually(std::time::Duration::from_secs(5), || {
+        std::fs::read_to_string(&log_file).is_ok_and(|t| t.contains("\"rule\":\"vcpu-overlap\""))
+    });
+    assert!(
+        found,
+        "{}",
+        std::fs::read_to_string(&log_file).unwrap_or_default()
+    );
 }
