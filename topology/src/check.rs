@@ -2,7 +2,7 @@
 //! and the host as it is now, giving a [`Verdict`].
 //!
 //! Severity comes from one table ([`severity`]) keyed by rule and policy, so the policy
-//! semantics of ARCHITECTURE.md section 4 live in one place:
+//! semantics (see the README, "Intent, rules and verdicts") live in one place:
 //!
 //! | rule | none | best-effort | restricted | single-numa-node |
 //! | --- | --- | --- | --- | --- |

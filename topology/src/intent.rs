@@ -1,5 +1,5 @@
 //! What a pod wants: its policy, mode and allowed NUMA nodes (annotations), and the baseline it
-//! got at its first create (ARCHITECTURE.md section 4).
+//! got at its first create.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,5 +1,5 @@
 //! Findings and verdicts: the JSON the CLI prints, the event carries and the state file keeps
-//! (ARCHITECTURE.md section 6).
+//! (the JSON shape is a contract: monitoring and `kata-topo events` read it).
 
 use std::fmt;
 
