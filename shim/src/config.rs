@@ -180,17 +180,17 @@ impl Config {
 
     /// Reads one file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        use std::io::Read;
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
-            .map_err(|source| ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
+        let text =
+            kata_topo::fsutil::read_text_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
+                if source.kind() == std::io::ErrorKind::FileTooLarge {
+                    ConfigError::TooLarge(path.to_path_buf())
+                } else {
+                    ConfigError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                }
             })?;
-        if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(ConfigError::TooLarge(path.to_path_buf()));
-        }
         Self::parse(&text, path)
     }
 

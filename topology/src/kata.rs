@@ -81,20 +81,11 @@ impl Default for KataConfig {
 }
 
 fn read(path: &Path) -> Result<toml::Table, KataError> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
-        .map_err(|source| KataError::Read {
+    let text =
+        crate::fsutil::read_text_bounded(path, MAX_BYTES).map_err(|source| KataError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-    if text.len() as u64 > MAX_BYTES {
-        return Err(KataError::Invalid {
-            path: path.to_path_buf(),
-            message: "larger than 4 MiB".into(),
-        });
-    }
     text.parse::<toml::Table>().map_err(|e| KataError::Invalid {
         path: path.to_path_buf(),
         message: e

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod fsutil;
 pub mod host;
 pub mod idset;
 pub mod intent;

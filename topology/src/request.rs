@@ -2,7 +2,6 @@
 //! plain domain types at this one boundary.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxResources, Spec};
@@ -307,20 +306,16 @@ pub(crate) fn read_bounded(
     limit: u64,
     what: &'static str,
 ) -> Result<Vec<u8>, RequestError> {
-    let read_err = |source| RequestError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .map_err(read_err)?
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > limit {
-        return Err(RequestError::TooLarge { what, limit });
-    }
-    Ok(bytes)
+    crate::fsutil::read_bounded(path, limit).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::FileTooLarge {
+            RequestError::TooLarge { what, limit }
+        } else {
+            RequestError::Read {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })
 }
 
 #[cfg(test)]
