@@ -23,6 +23,26 @@ fn run_bg(c: &Containerd, id: &str) -> u32 {
         .unwrap_or_else(|| panic!("no pid for {id} in {ls}"))
 }
 
+/// [`run_bg`], then the task's delegate shim and wrapper daemon (exactly one of each).
+fn run_bg_with_shims(c: &Containerd, id: &str) -> (u32, u32, u32) {
+    let pid = run_bg(c, id);
+    let delegate = c.pids_matching("containerd-shim-runc-v2");
+    let wrapper = c.pids_matching("kata-topo-daemon");
+    assert_eq!(
+        (delegate.len(), wrapper.len()),
+        (1, 1),
+        "{:?}",
+        c.leftover_processes()
+    );
+    (pid, delegate[0], wrapper[0])
+}
+
+fn kill9(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
 fn cleanup_task(c: &Containerd, id: &str) {
     let _ = c.ctr(&["task", "delete", "-f", id]);
     let out = c.ctr(&["container", "delete", id]);
@@ -36,20 +56,10 @@ fn cleanup_task(c: &Containerd, id: &str) {
 #[test]
 fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
     let c = Containerd::start(Guard::default());
-    let pid = run_bg(&c, "victim");
-    let delegate = c.pids_matching("containerd-shim-runc-v2");
-    let wrapper = c.pids_matching("kata-topo-daemon");
-    assert_eq!(
-        (delegate.len(), wrapper.len()),
-        (1, 1),
-        "{:?}",
-        c.leftover_processes()
-    );
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &delegate[0].to_string()])
-        .status();
+    let (pid, delegate, wrapper) = run_bg_with_shims(&c, "victim");
+    kill9(delegate);
     assert!(
-        eventually(Duration::from_secs(10), || !alive(wrapper[0])),
+        eventually(Duration::from_secs(10), || !alive(wrapper)),
         "the wrapper must exit when its delegate dies"
     );
     cleanup_task(&c, "victim");
@@ -63,22 +73,12 @@ fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
 #[test]
 fn wrapper_killed_delete_cleans_the_delegate_up() {
     let c = Containerd::start(Guard::default());
-    let pid = run_bg(&c, "orphan");
-    let delegate = c.pids_matching("containerd-shim-runc-v2");
-    let wrapper = c.pids_matching("kata-topo-daemon");
-    assert_eq!(
-        (delegate.len(), wrapper.len()),
-        (1, 1),
-        "{:?}",
-        c.leftover_processes()
-    );
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &wrapper[0].to_string()])
-        .status();
+    let (pid, delegate, wrapper) = run_bg_with_shims(&c, "orphan");
+    kill9(wrapper);
     // containerd notices the dropped connection and runs `delete`, which must stop the
     // delegate through its RPCs.
     assert!(
-        eventually(Duration::from_secs(15), || !alive(delegate[0])),
+        eventually(Duration::from_secs(15), || !alive(delegate)),
         "the delegate must not leak: {:?}",
         c.leftover_processes()
     );
