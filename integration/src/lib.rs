@@ -162,6 +162,38 @@ pub struct Containerd {
     pub vfio_node: PathBuf,
     /// Shim sockets present before this containerd started.
     sockets_before: Vec<PathBuf>,
+    /// Held for this containerd's whole life (released after `Drop` cleaned up).
+    _exclusive: MachineLock,
+}
+
+/// Shim sockets live in one machine-wide directory (`/run/containerd/s`) and the leak checks
+/// look at every process and socket there: two private containerds at once (two test
+/// processes, a benchmark beside a test run) would see each other's. Each takes this lock
+/// for its whole life, so they run one after another whoever started them.
+#[derive(Debug)]
+struct MachineLock(std::fs::File);
+
+impl MachineLock {
+    const PATH: &'static str = "/run/lock/kata-topo-integration.lock";
+
+    fn take() -> Self {
+        let dir = Path::new(Self::PATH).parent().expect("lock dir");
+        std::fs::create_dir_all(dir).expect("lock dir");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(Self::PATH)
+            .expect("open the integration lock");
+        file.lock().expect("take the integration lock");
+        Self(file)
+    }
+}
+
+impl Drop for MachineLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
+    }
 }
 
 fn shim_sockets() -> Vec<PathBuf> {
@@ -176,6 +208,7 @@ impl Containerd {
     /// Starts containerd with the wrapper configured as `guard` says, images imported.
     pub fn start(guard: Guard) -> Self {
         require_root();
+        let exclusive = MachineLock::take();
         let bins = bin_dir();
         let dir = tempfile::Builder::new()
             .prefix("kt-")
@@ -290,6 +323,7 @@ state = "{d}/state"
             sysfs,
             vfio_node,
             sockets_before: shim_sockets(),
+            _exclusive: exclusive,
             dir,
         };
         c.spawn();
