@@ -30,8 +30,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn round_trips(address: &str, id: &str, n: usize) -> Vec<Duration> {
-    let timeout = Duration::from_secs(5);
-    let mut client = Client::connect(address, timeout).expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut client = Client::connect(address, deadline).expect("connect");
     let payload = StateRequest {
         id: id.to_string(),
         exec_id: String::new(),
@@ -39,14 +39,14 @@ fn round_trips(address: &str, id: &str, n: usize) -> Vec<Duration> {
     .encode_to_vec();
     for _ in 0..200 {
         client
-            .call(TASK_V2, "State", payload.clone(), "default", timeout)
+            .call(TASK_V2, "State", payload.clone(), "default", deadline)
             .expect("warm-up");
     }
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
         let r = client
-            .call(TASK_V2, "State", payload.clone(), "default", timeout)
+            .call(TASK_V2, "State", payload.clone(), "default", deadline)
             .expect("State");
         times.push(t.elapsed());
         assert_eq!(r.code(), 0);

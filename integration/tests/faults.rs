@@ -165,3 +165,27 @@ fn unreadable_topology_is_check_failed_and_the_pod_runs() {
     cri.remove_pod(&pod);
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
+
+/// containerd gives `<shim> delete` 5 s (`io.containerd.timeout.shim.cleanup`) and kills it
+/// after that. An exiting delegate still accepts connections into its listen backlog, so a
+/// `delete` that judged liveness by `connect()` waited on RPCs nobody would answer.
+#[test]
+fn delete_is_never_killed_by_containerd() {
+    let c = Containerd::start(Guard::default());
+    for i in 0..200 {
+        let id = format!("rm-{i}");
+        let out = c.ctr(&["run", "--rm", "--runtime", KT, BUSYBOX, &id, "true"]);
+        assert!(
+            out.status.success(),
+            "run {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = c.containerd_log();
+    let killed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("failed to delete"))
+        .collect();
+    assert!(killed.is_empty(), "{killed:#?}");
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}

@@ -7,6 +7,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use kata_topo::check::failed_verdict;
 use kata_topo::kata::KataConfig;
@@ -28,6 +29,10 @@ const VERSION: &str = concat!(
     env!("KATA_TOPO_GIT_REV"),
     ")"
 );
+
+/// The most the hook spends publishing its event: containerd being slow must never make the
+/// runtime's hook timeout fail a container.
+const PUBLISH_BUDGET: Duration = Duration::from_secs(1);
 
 /// The largest OCI state accepted on stdin.
 const MAX_STATE: u64 = 1024 * 1024;
@@ -155,7 +160,12 @@ fn announce(v: &Verdict) {
         value: serde_json::to_string(v).unwrap_or_default(),
     }
     .encode_to_vec();
-    let _ = publish(&address, &namespace, payload);
+    let _ = publish(
+        &address,
+        &namespace,
+        payload,
+        Instant::now() + PUBLISH_BUDGET,
+    );
 }
 
 type Failure = (Option<Box<ContainerSpec>>, String);

@@ -15,6 +15,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -24,8 +25,9 @@ use slog::Logger;
 use crate::error::ShimError;
 use crate::guard::{After, Guard, Outcome};
 use crate::ttrpc::{
-    socket_path, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Request, Response,
-    UpdateTaskRequest, TASK_V2, TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
+    connect_until, socket_path, Client, ConnectRequest, ConnectResponse, CreateTaskRequest,
+    CreateTaskResponse, DeleteRequest, Frame, Request, Response, UpdateTaskRequest, TASK_V2,
+    TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
 };
 
 /// Why the daemon stops.
@@ -67,7 +69,7 @@ fn is_task_service(service: &str) -> bool {
 /// Serves connections until the delegate exits or a signal arrives.
 pub fn serve(listener: UnixListener, delegate: Delegate, guard: Arc<Guard>, log: Logger) -> Exit {
     let (tx, rx) = channel::<Exit>();
-    watch_delegate(&delegate, tx.clone(), log.clone());
+    watch_delegate(&delegate, guard.clone(), tx.clone(), log.clone());
     watch_signals(tx.clone());
     let accept_log = log.clone();
     let _ = std::thread::Builder::new()
@@ -90,15 +92,28 @@ pub fn serve(listener: UnixListener, delegate: Delegate, guard: Arc<Guard>, log:
     rx.recv().unwrap_or(Exit::DelegateGone)
 }
 
-/// Holds an idle connection to the delegate; its EOF means the delegate exited.
-fn watch_delegate(delegate: &Delegate, tx: Sender<Exit>, log: Logger) {
+/// Asks the delegate who it is (`Connect`: its pid, which `delete` needs to tell a live
+/// delegate from an exiting one), records it, then holds the connection idle: its EOF means
+/// the delegate exited.
+fn watch_delegate(delegate: &Delegate, guard: Arc<Guard>, tx: Sender<Exit>, log: Logger) {
     let delegate = delegate.clone();
     let _ = std::thread::Builder::new()
         .name("watch".into())
         .spawn(move || {
-            match delegate.connect() {
-                Ok(mut conn) => {
-                    let mut buf = [0u8; 64];
+            let deadline = Instant::now() + Duration::from_secs(5);
+            match Client::connect(&delegate.address, deadline) {
+                Ok(mut client) => {
+                    let request = ConnectRequest { id: String::new() }.encode_to_vec();
+                    let pid = client
+                        .call(delegate.service, "Connect", request, guard.namespace(), deadline)
+                        .ok()
+                        .filter(|r| r.code() == 0)
+                        .and_then(|r| ConnectResponse::decode(r.payload.as_slice()).ok())
+                        .map(|r| r.shim_pid);
+                    guard.record_daemon(&delegate.address, pid);
+                    let mut conn = client.into_stream();
+                    let _ = conn.set_read_timeout(None);
+                    let mut buf = [0u8; 4096];
                     loop {
                         match conn.read(&mut buf) {
                             Ok(0) => break,
@@ -307,10 +322,15 @@ fn proxy(client: UnixStream, delegate: &Delegate, guard: &Arc<Guard>, log: &Logg
     let _ = client_w.shutdown(Shutdown::Both);
 }
 
-/// Removes a socket file if nothing listens on it any more.
+/// Removes a socket file if nothing listens on it any more (a listener that is too busy to
+/// accept at once still counts as listening).
 pub fn remove_dead_socket(path: &Path) {
-    if path.exists() && UnixStream::connect(path).is_err() {
-        let _ = std::fs::remove_file(path);
+    let deadline = Instant::now() + Duration::from_millis(50);
+    match connect_until(&path.to_string_lossy(), deadline) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) | Err(_) => {}
     }
 }
 
@@ -318,14 +338,11 @@ pub fn remove_dead_socket(path: &Path) {
 /// its connections closed, so wait (bounded) until nothing listens.
 fn remove_socket_of_exiting(path: &Path) {
     for _ in 0..60 {
+        remove_dead_socket(path);
         if !path.exists() {
             return;
         }
-        if UnixStream::connect(path).is_err() {
-            let _ = std::fs::remove_file(path);
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

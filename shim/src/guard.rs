@@ -27,7 +27,8 @@ use slog::Logger;
 use crate::config::Config;
 use crate::error::ShimError;
 use crate::sinks::{log_verdict, rfc3339, Events, Metrics};
-use crate::state::{GroupState, TaskRecord};
+use crate::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo::process::ProcessId;
 
 /// How long after the delegate applied a request the VM is looked at again (Kata re-pins
 /// vCPUs and rewrites the sandbox cgroup right after it answers).
@@ -80,6 +81,7 @@ struct HostSlot {
 pub struct Guard {
     config: Config,
     kata: KataConfig,
+    namespace: String,
     group: String,
     host: RwLock<HostSlot>,
     sysfs: Sysfs,
@@ -122,6 +124,7 @@ impl Guard {
         let state = GroupState::open(&config.state_dir, namespace, group)?;
         let guard = Self {
             sysfs: Sysfs::new(&config.sysfs_root),
+            namespace: namespace.to_string(),
             group: group.to_string(),
             host: RwLock::new(HostSlot {
                 host: None,
@@ -610,6 +613,28 @@ impl Guard {
         if let Err(e) = result {
             slog::warn!(self.log, "cannot update state"; "event" => "state-failed", "error" => e.to_string());
         }
+    }
+
+    /// Records who serves the pod: this daemon, and the delegate (its pid as the delegate
+    /// reported it, when it did).
+    pub fn record_daemon(&self, delegate_address: &str, delegate_pid: Option<u32>) {
+        let procfs = &self.config.procfs_root;
+        let Some(wrapper) = ProcessId::current(procfs) else {
+            return;
+        };
+        let record = DaemonRecord {
+            wrapper,
+            delegate_address: delegate_address.to_string(),
+            delegate: delegate_pid.and_then(|p| ProcessId::of(procfs, p)),
+        };
+        if let Err(e) = self.state.save_daemon(&record) {
+            slog::warn!(self.log, "cannot save the daemon record"; "event" => "state-failed", "error" => e.to_string());
+        }
+    }
+
+    /// The containerd namespace of the pod.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// The pod is gone (its delegate exited): its metrics disappear with it.

@@ -155,6 +155,7 @@ fn daemon(args: &Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    guard.record_daemon(&delegate.address, None);
     slog::info!(log, "wrapper daemon started"; "event" => "daemon-started",
         "sandbox_id" => &args.group, "namespace" => &args.namespace,
         "delegate" => socket_path(&delegate.address), "pid" => std::process::id());

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kata_topo::{Decision, Verdict};
 use prost::Message;
@@ -18,6 +18,9 @@ use crate::ttrpc::{Any, Client, Envelope, ForwardRequest, StringValue, Timestamp
 
 /// The event topic (a contract).
 pub const TOPIC_MISMATCH: &str = "/kata-topo/mismatch";
+/// How long the daemon's publisher waits for containerd to take one event.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// containerd's event service over ttrpc.
 pub const EVENTS_SERVICE: &str = "containerd.services.events.ttrpc.v1.Events";
 
@@ -390,7 +393,8 @@ impl Events {
             .name("events".into())
             .spawn(move || {
                 for payload in rx {
-                    if let Err(e) = publish(&address, &namespace, payload) {
+                    let deadline = Instant::now() + PUBLISH_TIMEOUT;
+                    if let Err(e) = publish(&address, &namespace, payload, deadline) {
                         slog::warn!(log, "cannot publish event to containerd";
                             "event" => "publish-failed", "address" => &address, "error" => e.to_string());
                     }
@@ -411,10 +415,14 @@ impl Events {
     }
 }
 
-/// Sends one event through `Events/Forward`.
-pub fn publish(address: &str, namespace: &str, string_value: Vec<u8>) -> std::io::Result<()> {
-    let timeout = Duration::from_secs(5);
-    let mut client = Client::connect(address, timeout)?;
+/// Sends one event through `Events/Forward`, giving up at `deadline`.
+pub fn publish(
+    address: &str,
+    namespace: &str,
+    string_value: Vec<u8>,
+    deadline: Instant,
+) -> std::io::Result<()> {
+    let mut client = Client::connect(address, deadline)?;
     let request = ForwardRequest {
         envelope: Some(Envelope {
             timestamp: Some(Timestamp::now()),
@@ -431,7 +439,7 @@ pub fn publish(address: &str, namespace: &str, string_value: Vec<u8>) -> std::io
         "Forward",
         request.encode_to_vec(),
         namespace,
-        timeout,
+        deadline,
     )?;
     match response.status {
         Some(s) if s.code != 0 => Err(std::io::Error::other(format!(

@@ -335,21 +335,23 @@ pub fn run(args: &Args) -> ExitCode {
 
 /// The pod's wrapper daemon as `start` sees it.
 enum Daemon {
-    /// Already serving the pod; `record` holds the delegate address it forwards to.
-    Running { record: PathBuf },
+    /// Already serving the pod; its record names the delegate it forwards to.
+    Running { state: GroupState },
     /// Just started; waiting on its stdin for the delegate's address and version.
-    Starting {
-        stdin: std::process::ChildStdin,
-        record: PathBuf,
-    },
+    Starting { stdin: std::process::ChildStdin },
 }
 
 impl Daemon {
     /// Tells a new daemon where the delegate is; checks a running one forwards there.
     fn hand_over(self, delegate_address: &str, version: u32) -> Result<(), String> {
         match self {
-            Self::Running { record } => {
-                let known = std::fs::read_to_string(&record).unwrap_or_default();
+            Self::Running { state } => {
+                let known = state
+                    .daemon()
+                    .ok()
+                    .flatten()
+                    .map(|r| r.delegate_address)
+                    .unwrap_or_default();
                 if !known.is_empty() && known != delegate_address {
                     return Err(format!(
                         "kata-topo: the delegate answered {delegate_address}, but this pod's wrapper forwards to {known}"
@@ -357,13 +359,9 @@ impl Daemon {
                 }
                 Ok(())
             }
-            Self::Starting { mut stdin, record } => {
-                std::fs::write(&record, delegate_address)
-                    .map_err(|e| format!("kata-topo: cannot write {}: {e}", record.display()))?;
-                stdin
-                    .write_all(format!("{delegate_address}\n{version}\n").as_bytes())
-                    .map_err(|e| format!("kata-topo: the wrapper daemon did not start: {e}"))
-            }
+            Self::Starting { mut stdin } => stdin
+                .write_all(format!("{delegate_address}\n{version}\n").as_bytes())
+                .map_err(|e| format!("kata-topo: the wrapper daemon did not start: {e}")),
         }
     }
 }
@@ -383,9 +381,8 @@ fn ensure_daemon(
             config.state_dir.display()
         )
     })?;
-    let record = state.dir().join("delegate");
     if UnixStream::connect(path).is_ok() {
-        return Ok(Daemon::Running { record });
+        return Ok(Daemon::Running { state });
     }
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
@@ -439,7 +436,7 @@ fn ensure_daemon(
         .stdin
         .take()
         .ok_or_else(|| "kata-topo: the wrapper daemon has no stdin".to_string())?;
-    Ok(Daemon::Starting { stdin, record })
+    Ok(Daemon::Starting { stdin })
 }
 
 #[cfg(test)]

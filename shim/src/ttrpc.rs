@@ -11,7 +11,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
@@ -273,6 +273,28 @@ pub struct ShutdownRequest {
     pub now: bool,
 }
 
+/// `containerd.task.v2.ConnectRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ConnectRequest {
+    /// Task id.
+    #[prost(string, tag = "1")]
+    pub id: String,
+}
+
+/// `containerd.task.v2.ConnectResponse`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ConnectResponse {
+    /// The shim's own pid.
+    #[prost(uint32, tag = "1")]
+    pub shim_pid: u32,
+    /// The task's pid.
+    #[prost(uint32, tag = "2")]
+    pub task_pid: u32,
+    /// The shim's version.
+    #[prost(string, tag = "3")]
+    pub version: String,
+}
+
 /// `containerd.services.events.v1.Envelope`.
 #[derive(Clone, PartialEq, Message)]
 pub struct Envelope {
@@ -314,7 +336,52 @@ pub fn socket_path(address: &str) -> &str {
     address.strip_prefix("unix://").unwrap_or(address)
 }
 
-/// A minimal blocking ttrpc client: one call at a time on one connection.
+/// Connects to a unix socket, giving up at `deadline`. A listener whose backlog is full (or
+/// that never accepts) makes a plain `connect()` block; a non-blocking connect answers
+/// `EAGAIN` instead, and is tried again until the deadline.
+pub fn connect_until(path: &str, deadline: Instant) -> io::Result<UnixStream> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let addr = UnixAddr::new(path).map_err(io::Error::from)?;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    loop {
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => break,
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(Errno::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{path} does not accept connections"),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+/// The time left until `deadline`, or `TimedOut`.
+fn remaining(deadline: Instant) -> io::Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))
+}
+
+/// A minimal blocking ttrpc client: one call at a time on one connection, every step bounded
+/// by a deadline.
 #[derive(Debug)]
 pub struct Client {
     stream: UnixStream,
@@ -322,35 +389,35 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to a `unix://` address or a socket path.
-    pub fn connect(address: &str, timeout: Duration) -> io::Result<Self> {
-        let stream = UnixStream::connect(socket_path(address))?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
+    /// Connects to a `unix://` address or a socket path, giving up at `deadline`.
+    pub fn connect(address: &str, deadline: Instant) -> io::Result<Self> {
+        let stream = connect_until(socket_path(address), deadline)?;
         Ok(Self { stream, next_id: 1 })
     }
 
-    /// Calls `service/method` with a message; returns the response.
+    /// Calls `service/method` with a message and returns the response; gives up at
+    /// `deadline` (which is also the deadline the server is told).
     pub fn call(
         &mut self,
         service: &str,
         method: &str,
         payload: Vec<u8>,
         namespace: &str,
-        timeout: Duration,
+        deadline: Instant,
     ) -> io::Result<Response> {
         let id = self.next_id;
-        self.next_id += 2;
+        self.next_id = self.next_id.wrapping_add(2);
         let request = Request {
             service: service.to_string(),
             method: method.to_string(),
             payload,
-            timeout_nano: timeout.as_nanos().min(i64::MAX as u128) as i64,
+            timeout_nano: remaining(deadline)?.as_nanos().min(i64::MAX as u128) as i64,
             metadata: vec![KeyValue {
                 key: "containerd-namespace-ttrpc".to_string(),
                 value: namespace.to_string(),
             }],
         };
+        self.stream.set_write_timeout(Some(remaining(deadline)?))?;
         Frame {
             stream_id: id,
             kind: TYPE_REQUEST,
@@ -359,6 +426,8 @@ impl Client {
         }
         .write(&mut self.stream)?;
         loop {
+            // A reply to an earlier call that timed out may come first: skip it.
+            self.stream.set_read_timeout(Some(remaining(deadline)?))?;
             let frame = Frame::read(&mut self.stream)?
                 .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
             if frame.stream_id == id && frame.kind == TYPE_RESPONSE {
@@ -366,6 +435,11 @@ impl Client {
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
             }
         }
+    }
+
+    /// The connection, e.g. to wait on it for the peer's end.
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
     }
 }
 

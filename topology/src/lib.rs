@@ -12,6 +12,7 @@ pub mod host;
 pub mod idset;
 pub mod intent;
 pub mod kata;
+pub mod process;
 pub mod request;
 pub mod simulate;
 pub mod state;

@@ -9,6 +9,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::intent::Baseline;
+use crate::process::ProcessId;
 use crate::request::Resources;
 use crate::verdict::Verdict;
 use serde::de::DeserializeOwned;
@@ -27,6 +28,19 @@ pub struct TaskRecord {
     pub resources: Option<Resources>,
     /// The pid the delegate's `Create` reported (Kata: the VMM).
     pub pid: Option<u32>,
+}
+
+/// Who serves a pod: the wrapper daemon and the delegate shim it forwards to. The daemon
+/// writes it; `start` reads it to reuse the daemon, `delete` to tell a crashed wrapper from
+/// one that exited because its delegate did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonRecord {
+    /// The wrapper daemon.
+    pub wrapper: ProcessId,
+    /// The delegate's address.
+    pub delegate_address: String,
+    /// The delegate shim's process, once the daemon asked it (`Connect`).
+    pub delegate: Option<ProcessId>,
 }
 
 /// One pod's state directory.
@@ -110,6 +124,22 @@ impl GroupState {
             mkdir_private(&dir.join(sub))?;
         }
         Ok(Self { dir })
+    }
+
+    /// The state of one pod if it exists; nothing is created.
+    pub fn existing(state_dir: &Path, namespace: &str, group: &str) -> Option<Self> {
+        let dir = state_dir.join(safe_name(namespace)).join(safe_name(group));
+        dir.is_dir().then_some(Self { dir })
+    }
+
+    /// Who serves the pod.
+    pub fn daemon(&self) -> io::Result<Option<DaemonRecord>> {
+        read_json(&self.dir.join("daemon.json"))
+    }
+
+    /// Records who serves the pod.
+    pub fn save_daemon(&self, d: &DaemonRecord) -> io::Result<()> {
+        write_json(&self.dir.join("daemon.json"), d)
     }
 
     /// Its directory.
