@@ -13,8 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{Containerd, Guard, BUSYBOX};
-use kata_topo_shim::start::BundleInfo;
-use kata_topo_shim::ttrpc::{Client, TASK_V2};
+use kata_topo_sinks::ttrpc::{Client, TASK_V2};
 use prost::Message;
 
 #[derive(Clone, PartialEq, Message)]
@@ -99,15 +98,24 @@ fn main() {
         .dir
         .path()
         .join("state/io.containerd.runtime.v2.task/default/bench");
-    let info = BundleInfo::read(Path::new(&bundle)).expect("kata-topo.json in the bundle");
+    // The bundle's record of the wrapper and its delegate (`kata-topo.json`).
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&bundle).join("kata-topo.json")).expect("kata-topo.json"),
+    )
+    .expect("JSON");
+    let address = info["address"].as_str().expect("address").to_string();
+    let delegate_address = info["delegate_address"]
+        .as_str()
+        .expect("delegate_address")
+        .to_string();
 
     // (a) interleaved halves, so drift on a shared machine hits both sides alike.
     let n = 6000;
     let mut via_wrapper = Vec::new();
     let mut direct = Vec::new();
     for _ in 0..3 {
-        direct.extend(round_trips(&info.delegate_address, "bench", n / 3));
-        via_wrapper.extend(round_trips(&info.address, "bench", n / 3));
+        direct.extend(round_trips(&delegate_address, "bench", n / 3));
+        via_wrapper.extend(round_trips(&address, "bench", n / 3));
     }
     via_wrapper.sort();
     direct.sort();

@@ -171,7 +171,7 @@ fn log_lines() -> Vec<String> {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("more.log");
-    let log = kata_topo_shim::sinks::json_logger(&path, false);
+    let log = kata_topo_sinks::Log::open(&path, false, kata_topo_sinks::Drops::new());
     for rule in RULES.iter().filter(|r| !seen.iter().any(|s| s == *r)) {
         let v: kata_topo::Verdict = serde_json::from_value(serde_json::json!({
             "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c",
@@ -181,9 +181,9 @@ fn log_lines() -> Vec<String> {
                           "expected": {"rule": "vfio-remote"}, "observed": {}}]
         }))
         .expect("verdict");
-        kata_topo_shim::sinks::log_verdict(&log, &v);
+        kata_topo_sinks::log_verdict(log.logger(), &v);
     }
-    drop(log);
+    assert!(log.flush(std::time::Instant::now() + Duration::from_secs(10)));
     lines.extend(
         std::fs::read_to_string(&path)
             .expect("log")

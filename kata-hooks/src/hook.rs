@@ -10,17 +10,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kata_topo::check::failed_verdict;
+use kata_topo::config::{Config, ENV_CONFIG};
 use kata_topo::kata::KataConfig;
+use kata_topo::state::GroupState;
 use kata_topo::vm::VmView;
-use kata_topo::{
-    Checker, ContainerSpec, Decision, Defaults, Host, Mode, Operation, Request, Sysfs,
-    TopologySource, Verdict,
-};
-use kata_topo_shim::config::{Config, ENV_CONFIG};
-use kata_topo_shim::guard::refusal;
-use kata_topo_shim::sinks::{json_logger, log_verdict, publish};
-use kata_topo_shim::state::GroupState;
-use prost::Message;
+use kata_topo::{Checker, ContainerSpec, Decision, Host, Mode, Operation, Request, Sysfs, Verdict};
+use kata_topo_sinks::events::{payload, publish};
+use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
 
 const VERSION: &str = concat!(
@@ -30,8 +26,8 @@ const VERSION: &str = concat!(
     ")"
 );
 
-/// The most the hook spends publishing its event: containerd being slow must never make the
-/// runtime's hook timeout fail a container.
+/// The most the hook spends publishing its event and writing its log: containerd being slow
+/// or a log nobody reads must never make the runtime's hook timeout fail a container.
 const PUBLISH_BUDGET: Duration = Duration::from_secs(1);
 
 /// The largest OCI state accepted on stdin.
@@ -108,12 +104,8 @@ pub fn run() -> Result<(), HookError> {
     let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
     let (config, config_file) = Config::resolve(args.config.as_deref(), env_path.as_deref())
         .map_err(|e| HookError::Usage(e.to_string()))?;
-    let log = json_logger(&config.log_file, false);
-    let defaults = Defaults {
-        policy: config.default_policy,
-        mode: config.mode,
-        fail_closed: config.fail_closed,
-    };
+    let log = Log::open(&config.log_file, false, Drops::new());
+    let defaults = config.defaults();
     let verdict = match check(&config, config_file.as_deref()) {
         Ok(v) => v,
         Err((spec, reason)) => {
@@ -126,8 +118,11 @@ pub fn run() -> Result<(), HookError> {
         }
     };
     if !verdict.findings.is_empty() {
-        log_verdict(&log, &verdict);
-        announce(&verdict);
+        let deadline = Instant::now() + PUBLISH_BUDGET;
+        log_verdict(log.logger(), &verdict);
+        announce(&verdict, deadline);
+        // A log that cannot be written (a FIFO nobody reads) is not waited for past the budget.
+        log.flush(deadline);
     }
     if verdict.decision == Decision::Reject {
         let failed = verdict
@@ -143,7 +138,7 @@ pub fn run() -> Result<(), HookError> {
                     .unwrap_or_default(),
             )
         } else {
-            HookError::Refused(refusal(&verdict))
+            HookError::Refused(verdict.refusal())
         });
     }
     Ok(())
@@ -151,21 +146,12 @@ pub fn run() -> Result<(), HookError> {
 
 /// Publishes the verdict to containerd when the hook runs under it (`TTRPC_ADDRESS` in the
 /// environment: Kata's host hooks inherit the shim's; an OCI hook gets it from its `env`).
-fn announce(v: &Verdict) {
-    let Ok(address) = std::env::var("TTRPC_ADDRESS") else {
+fn announce(v: &Verdict, deadline: Instant) {
+    let (Ok(address), Some(payload)) = (std::env::var("TTRPC_ADDRESS"), payload(v)) else {
         return;
     };
     let namespace = std::env::var("NAMESPACE").unwrap_or_else(|_| "k8s.io".to_string());
-    let payload = kata_topo_shim::ttrpc::StringValue {
-        value: serde_json::to_string(v).unwrap_or_default(),
-    }
-    .encode_to_vec();
-    let _ = publish(
-        &address,
-        &namespace,
-        payload,
-        Instant::now() + PUBLISH_BUDGET,
-    );
+    let _ = publish(&address, &namespace, payload, deadline);
 }
 
 type Failure = (Option<Box<ContainerSpec>>, String);
@@ -179,7 +165,7 @@ type Failure = (Option<Box<ContainerSpec>>, String);
 fn store(config: &Config, bundle: &Path, group: &str) -> Option<GroupState> {
     let sandbox_bundle = bundle
         .parent()
-        .map(|p| p.join(kata_topo_shim::state::safe_name(group)))
+        .map(|p| p.join(kata_topo::state::safe_name(group)))
         .filter(|p| p.is_dir());
     match sandbox_bundle {
         Some(b) => GroupState::open(&b, "kata-topo-hook", "state").ok(),
@@ -197,11 +183,7 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         .map_err(|e| (None, format!("the OCI state on stdin is not valid: {e}")))?;
     let spec = ContainerSpec::from_file(&state.bundle.join("config.json"))
         .map_err(|e| (None, e.to_string()))?;
-    let defaults = Defaults {
-        policy: config.default_policy,
-        mode: config.mode,
-        fail_closed: config.fail_closed,
-    };
+    let defaults = config.defaults();
     let group = spec.sandbox_id.clone().unwrap_or_else(|| state.id.clone());
     if state.status == "stopped" {
         // poststop: when the sandbox goes, so do its baselines.
@@ -215,11 +197,8 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         v.decide();
         return Ok(v);
     }
-    let source = match &config.topology_xml {
-        Some(p) => TopologySource::Xml(p.clone()),
-        None => TopologySource::Live,
-    };
-    let host = Host::load(&source).map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
+    let host = Host::load(&config.topology_source())
+        .map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
     let sysfs = Sysfs::new(&config.sysfs_root);
     let kata = config_file
         .and_then(|p| KataConfig::load(p).ok())

@@ -22,7 +22,6 @@ use kata_topo::process::ProcessId;
 use prost::Message;
 
 use crate::args::Args;
-use crate::config::{Config, ENV_CONFIG};
 use crate::daemon::{remove_dead_socket, Delegate};
 use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
@@ -30,6 +29,7 @@ use crate::ttrpc::{
     socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest,
     ShutdownRequest,
 };
+use kata_topo::config::{Config, ENV_CONFIG};
 
 /// The whole of `delete`'s own work; containerd allows 5 s, and the delegate's `delete` may
 /// still have to run after it.

@@ -1,17 +1,18 @@
-//! The wrapper shim's parts: containerd's command line, `[topology_guard]`, the frame-level
-//! ttrpc proxy, the checks and their sinks. The binary `containerd-shim-kata-topo-v2` is a thin
-//! `main` over [`run::real_main`].
+//! The wrapper shim: containerd's command line, the `start` and `delete` actions, the per-pod
+//! daemon with its frame-level ttrpc proxy, and the checks it runs. The binary
+//! `containerd-shim-kata-topo-v2` is a thin `main` over [`real_main`]; nothing else depends on
+//! this crate (the hook and the CLI share the core and the sinks library instead).
 
-pub mod args;
-pub mod config;
-pub mod daemon;
-pub mod delete;
-pub mod error;
-pub mod guard;
-pub mod run;
-pub mod sinks;
-pub mod start;
+mod args;
+mod checks;
+mod daemon;
+mod delete;
+mod error;
+mod proxy;
+mod run;
+mod start;
 
-/// The baseline store lives in the core (`kata_topo::state`).
-pub use kata_topo::state;
-pub mod ttrpc;
+use kata_topo::state;
+use kata_topo_sinks::ttrpc;
+
+pub use run::real_main;

@@ -3,5 +3,5 @@
 //! topology. See the README for how to configure it as a runtime handler.
 
 fn main() -> std::process::ExitCode {
-    kata_topo_shim::run::real_main()
+    kata_topo_shim::real_main()
 }

@@ -4,15 +4,15 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use kata_topo::config::Config;
 use kata_topo::kata::KataConfig;
+use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};
-use crate::config::Config;
-use crate::daemon::{cleanup, serve, Delegate, Exit};
-use crate::guard::Guard;
-use crate::sinks::{json_logger, Events, Metrics, NoMetrics, Textfile};
+use crate::checks::{PodChecks, Sinks};
+use crate::daemon::{cleanup, serve, Delegate, Exit, OwnSocket};
 use crate::ttrpc::socket_path;
 
 const VERSION: &str = concat!(
@@ -46,7 +46,7 @@ pub fn real_main() -> ExitCode {
 
 /// Actions the wrapper does not know (`-info`, future ones) go to the delegate.
 fn other(args: &Args) -> ExitCode {
-    let env_path = std::env::var_os(crate::config::ENV_CONFIG).map(PathBuf::from);
+    let env_path = std::env::var_os(kata_topo::config::ENV_CONFIG).map(PathBuf::from);
     let config = Config::resolve(None, env_path.as_deref())
         .map(|(c, _)| c)
         .unwrap_or_default();
@@ -93,82 +93,81 @@ fn daemon(args: &Args) -> ExitCode {
     let Some(listener) = args.listen_fd.and_then(listener_from_fd) else {
         return ExitCode::FAILURE;
     };
-    let config = if args.config.is_empty() {
-        Config::default()
-    } else {
-        match Config::from_file(Path::new(&args.config)) {
-            Ok(c) => c,
-            Err(_) => return ExitCode::FAILURE,
-        }
+    // From here on, every way out removes the socket.
+    let own = OwnSocket(
+        listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            .unwrap_or_default(),
+    );
+    let config_file = (!args.config.is_empty()).then(|| PathBuf::from(&args.config));
+    let config = match config_file.as_deref().map(Config::from_file) {
+        None => Config::default(),
+        Some(Ok(c)) => c,
+        // `start` read the same file a moment ago; its error went to containerd already.
+        Some(Err(_)) => return ExitCode::FAILURE,
     };
-    let log = json_logger(&config.log_file, args.debug);
-    let own_socket = listener
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-        .unwrap_or_default();
+    let drops = Drops::new();
+    let log_handle = Log::open(&config.log_file, args.debug, drops.clone());
+    let log = log_handle.logger().clone();
     let events = Events::start(
         std::env::var("TTRPC_ADDRESS").ok(),
         args.namespace.clone(),
         log.clone(),
+        drops.clone(),
     );
     // The same file is Kata's configuration: its vCPU pinning, sizing and NUMA settings feed
     // the VM rules. Kata itself refuses a broken file, so a read error only disables them.
-    let kata = if args.config.is_empty() {
-        KataConfig::default()
-    } else {
-        KataConfig::load(Path::new(&args.config)).unwrap_or_else(|e| {
+    let kata = match &config_file {
+        None => KataConfig::default(),
+        Some(path) => KataConfig::load(path).unwrap_or_else(|e| {
             slog::warn!(log, "cannot read the Kata configuration"; "event" => "kata-config-failed", "error" => e.to_string());
             KataConfig::default()
-        })
+        }),
     };
-    let metrics: Box<dyn Metrics> = match &config.metrics_dir {
-        Some(dir) => Box::new(Textfile::new(dir, &args.namespace, &args.group)),
-        None => Box::new(NoMetrics),
+    let metrics = match &config.metrics_dir {
+        Some(dir) => Metrics::textfile(dir, &args.namespace, &args.group, drops.clone()),
+        None => Metrics::off(),
     };
-    let guard = match Guard::new(
-        config,
-        kata,
-        &args.namespace,
-        &args.group,
-        log.clone(),
+    let sinks = Sinks {
+        log: log.clone(),
         events,
         metrics,
-    ) {
-        Ok(g) => Arc::new(g),
-        Err(e) => {
-            slog::error!(log, "cannot open state"; "event" => "daemon-failed", "error" => e.to_string());
-            let _ = std::fs::remove_file(&own_socket);
-            return ExitCode::FAILURE;
-        }
+        drops,
     };
-    guard.spawn_refresher();
+    let checks = PodChecks::new(config, kata, &args.namespace, &args.group, sinks);
+    checks.spawn_refresher();
+    let done = |log_handle: &Log| {
+        log_handle.flush(Instant::now() + Duration::from_secs(1));
+    };
     // `start` sends the delegate's address and task API version once the delegate started;
     // EOF means it failed to start, and this daemon has nothing to serve.
-    let delegate = match read_delegate() {
-        Some(d) => d,
-        None => {
-            slog::info!(log, "delegate did not start"; "event" => "daemon-exit", "sandbox_id" => &args.group);
-            let _ = std::fs::remove_file(&own_socket);
-            let _ = std::fs::remove_dir_all(guard.state_dir());
-            guard.forget();
-            return ExitCode::FAILURE;
-        }
+    let Some(delegate) = read_delegate() else {
+        slog::info!(log, "delegate did not start"; "event" => "daemon-exit", "sandbox_id" => &args.group);
+        checks.forget(Instant::now() + Duration::from_secs(1));
+        done(&log_handle);
+        return ExitCode::FAILURE;
     };
-    guard.record_daemon(&delegate.address, None);
+    checks.record_daemon(&delegate.address, None);
     slog::info!(log, "wrapper daemon started"; "event" => "daemon-started",
         "sandbox_id" => &args.group, "namespace" => &args.namespace,
         "delegate" => socket_path(&delegate.address), "pid" => std::process::id());
-    let exit = serve(listener, delegate.clone(), guard.clone(), log.clone());
+    let reopen = log_handle.clone();
+    let exit = serve(
+        listener,
+        delegate.clone(),
+        checks.clone(),
+        log.clone(),
+        move || reopen.reopen(),
+    );
     let reason = match &exit {
         Exit::DelegateGone => "delegate exited".to_string(),
         Exit::Signal(s) => format!("signal {s}"),
     };
     slog::info!(log, "wrapper daemon exiting"; "event" => "daemon-exit", "reason" => reason,
         "sandbox_id" => &args.group);
-    if exit == Exit::DelegateGone {
-        guard.forget();
-    }
-    cleanup(&exit, &own_socket, &delegate, Some(guard.state_dir()));
+    cleanup(&exit, own, &delegate, &checks);
+    done(&log_handle);
     ExitCode::SUCCESS
 }

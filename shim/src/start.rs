@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::args::Args;
-use crate::config::{Config, ENV_CONFIG};
 use crate::state::GroupState;
 use crate::ttrpc::{socket_path, RuntimeOptions};
+use kata_topo::config::{Config, ENV_CONFIG};
 
 /// Where shims put their sockets (containerd hard-codes it, whatever its `state` setting).
 pub const SOCKET_DIR: &str = "/run/containerd/s";

@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod config;
+pub mod files;
 pub mod fsutil;
 pub mod host;
 pub mod idset;
@@ -17,6 +19,7 @@ pub mod request;
 pub mod simulate;
 pub mod state;
 pub mod sysfs;
+pub mod text;
 pub mod verdict;
 pub mod vm;
 

@@ -3,9 +3,9 @@
 //! wrapper restart, removed when the sandbox goes), each task's bundle and current resources,
 //! and each task's latest verdict.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::intent::Baseline;
@@ -76,26 +76,6 @@ fn mkdir_private(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        // No fsync: the state lives under /run (tmpfs) and need not outlive the host; the
-        // rename alone keeps a reader from ever seeing a half-written file.
-        f.write_all(bytes)?;
-    }
-    fs::rename(&tmp, path)
-}
-
 fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
@@ -112,7 +92,9 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
 fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    write_atomic(path, &bytes)
+    // No fsync: the state lives under /run (tmpfs) and need not outlive the host; the rename
+    // alone keeps a reader from ever seeing a half-written file.
+    crate::files::write_atomic(path, &bytes, 0o600)
 }
 
 impl GroupState {
@@ -126,10 +108,17 @@ impl GroupState {
         Ok(Self { dir })
     }
 
+    /// The state of one pod at its place, whether it exists or not; nothing is created.
+    pub fn at(state_dir: &Path, namespace: &str, group: &str) -> Self {
+        Self {
+            dir: state_dir.join(safe_name(namespace)).join(safe_name(group)),
+        }
+    }
+
     /// The state of one pod if it exists; nothing is created.
     pub fn existing(state_dir: &Path, namespace: &str, group: &str) -> Option<Self> {
-        let dir = state_dir.join(safe_name(namespace)).join(safe_name(group));
-        dir.is_dir().then_some(Self { dir })
+        let s = Self::at(state_dir, namespace, group);
+        s.dir.is_dir().then_some(s)
     }
 
     /// Who serves the pod.
@@ -278,6 +267,36 @@ fn read_dir_json<T: DeserializeOwned>(
     out
 }
 
+/// The pod whose state is in `dir` (`state_dir/<namespace>/<sandbox>/`); `None` when there is
+/// no such directory.
+pub fn read_pod(dir: &Path) -> io::Result<Option<PodState>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let name = |p: Option<&Path>| {
+        p.and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let mut unreadable = Vec::new();
+    let sandbox = match read_json(&dir.join("sandbox.json")) {
+        Ok(b) => b,
+        Err(e) => {
+            unreadable.push(e.to_string());
+            None
+        }
+    };
+    Ok(Some(PodState {
+        namespace: name(dir.parent()),
+        sandbox_id: name(Some(dir)),
+        sandbox,
+        containers: read_dir_json(&dir.join("containers"), &mut unreadable),
+        tasks: read_dir_json(&dir.join("tasks"), &mut unreadable),
+        verdicts: read_dir_json(&dir.join("verdicts"), &mut unreadable),
+        unreadable,
+    }))
+}
+
 /// Every pod under a state directory (`state_dir/<namespace>/<sandbox>/`).
 pub fn list(state_dir: &Path) -> io::Result<Vec<PodState>> {
     let mut pods = Vec::new();
@@ -300,29 +319,7 @@ pub fn list(state_dir: &Path) -> io::Result<Vec<PodState>> {
             .collect();
         groups.sort();
         for g in groups {
-            let mut unreadable = Vec::new();
-            let sandbox = match read_json(&g.join("sandbox.json")) {
-                Ok(b) => b,
-                Err(e) => {
-                    unreadable.push(e.to_string());
-                    None
-                }
-            };
-            pods.push(PodState {
-                namespace: ns
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                sandbox_id: g
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                sandbox,
-                containers: read_dir_json(&g.join("containers"), &mut unreadable),
-                tasks: read_dir_json(&g.join("tasks"), &mut unreadable),
-                verdicts: read_dir_json(&g.join("verdicts"), &mut unreadable),
-                unreadable,
-            });
+            pods.extend(read_pod(&g)?);
         }
     }
     Ok(pods)

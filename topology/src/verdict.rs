@@ -218,6 +218,41 @@ impl Verdict {
         };
     }
 
+    /// The message a refused request carries back to containerd, CRI and the kubelet: what
+    /// was refused, in which pod, and each `error` finding with what was expected and found.
+    /// Control characters a pod author put in names or annotations are escaped.
+    pub fn refusal(&self) -> String {
+        let what = match (self.operation, &self.container_name) {
+            (Operation::Update, Some(n)) => format!("the update of container {n}"),
+            (Operation::Update, None) => "the update".to_string(),
+            (Operation::Sandbox, _) => "the pod sandbox".to_string(),
+            (op, Some(n)) => format!("the {} of container {n}", serde_plain(&op)),
+            (op, None) => format!("the {}", serde_plain(&op)),
+        };
+        let pod = format!(
+            "{}/{}",
+            self.pod.namespace.as_deref().unwrap_or("-"),
+            self.pod.name.as_deref().unwrap_or("-")
+        );
+        let reasons: Vec<String> = self
+            .findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+            .map(|f| {
+                format!(
+                    "{}: expected {}, found {}: {}",
+                    f.rule, f.expected, f.observed, f.message
+                )
+            })
+            .collect();
+        let text = format!(
+            "kata-topo refused {what} in pod {pod} (policy {}, mode enforce): {}",
+            serde_plain(&self.policy),
+            reasons.join("; ")
+        );
+        crate::text::printable(&text).into_owned()
+    }
+
     /// One line per finding for people: `error vfio-remote: …`.
     pub fn human(&self) -> String {
         let class = self

@@ -7,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kata_topo::{Mode, Policy};
+use crate::host::TopologySource;
+use crate::{Defaults, Mode, Policy};
 use serde::Deserialize;
 
 /// The environment variable naming a configuration file.
@@ -178,19 +179,35 @@ impl Config {
         Ok(())
     }
 
+    /// The defaults a check applies to pods that say nothing.
+    pub fn defaults(&self) -> Defaults {
+        Defaults {
+            policy: self.default_policy,
+            mode: self.mode,
+            fail_closed: self.fail_closed,
+        }
+    }
+
+    /// Where the host topology comes from: `topology_xml`, else the live machine.
+    pub fn topology_source(&self) -> TopologySource {
+        match &self.topology_xml {
+            Some(p) => TopologySource::Xml(p.clone()),
+            None => TopologySource::Live,
+        }
+    }
+
     /// Reads one file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            kata_topo::fsutil::read_text_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
-                if source.kind() == std::io::ErrorKind::FileTooLarge {
-                    ConfigError::TooLarge(path.to_path_buf())
-                } else {
-                    ConfigError::Read {
-                        path: path.to_path_buf(),
-                        source,
-                    }
+        let text = crate::fsutil::read_text_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::FileTooLarge {
+                ConfigError::TooLarge(path.to_path_buf())
+            } else {
+                ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
                 }
-            })?;
+            }
+        })?;
         Self::parse(&text, path)
     }
 

@@ -34,6 +34,8 @@ pub const TASK_V3: &str = "containerd.task.v3.Task";
 pub enum Code {
     /// The request is malformed.
     InvalidArgument = 3,
+    /// A message over [`MAX_FRAME`].
+    ResourceExhausted = 8,
     /// The system is not in a state that allows the request.
     FailedPrecondition = 9,
     /// The delegate cannot be reached.
@@ -95,9 +97,74 @@ impl Frame {
         out
     }
 
+    /// Reads one frame like [`Frame::read`], except that a frame over [`MAX_FRAME`] is read
+    /// past (its payload discarded without being held) and reported as [`Incoming::Oversized`]:
+    /// the connection stays usable, as Go ttrpc keeps it.
+    pub fn read_or_skip(r: &mut impl Read) -> io::Result<Option<Incoming>> {
+        let mut header = [0u8; 10];
+        let mut got = 0;
+        while got < header.len() {
+            match r.read(&mut header[got..]) {
+                Ok(0) if got == 0 => return Ok(None),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let stream_id = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        let (kind, flags) = (header[8], header[9]);
+        if len > MAX_FRAME {
+            let skipped = io::copy(&mut r.take(len as u64), &mut io::sink())?;
+            if skipped < len as u64 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(Some(Incoming::Oversized {
+                stream_id,
+                kind,
+                len,
+            }));
+        }
+        let mut payload = vec![0u8; len];
+        r.read_exact(&mut payload)?;
+        Ok(Some(Incoming::Frame(Self {
+            stream_id,
+            kind,
+            flags,
+            payload,
+        })))
+    }
+
     /// Writes the frame in one call.
     pub fn write(&self, w: &mut impl Write) -> io::Result<()> {
         w.write_all(&self.encode())
+    }
+}
+
+/// What [`Frame::read_or_skip`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    /// A frame.
+    Frame(Frame),
+    /// A frame over [`MAX_FRAME`], read past.
+    Oversized {
+        /// Its stream.
+        stream_id: u32,
+        /// Its type.
+        kind: u8,
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl Incoming {
+    /// The status Go ttrpc answers an oversized message with.
+    pub fn oversized_status(len: usize) -> Status {
+        Status {
+            code: Code::ResourceExhausted as i32,
+            message: format!("message length {len} exceed maximum message size of {MAX_FRAME}"),
+        }
     }
 }
 

@@ -1,0 +1,609 @@
+//! The checks one pod's wrapper daemon runs on `Create` and `Update`, as plain methods
+//! testable without a ttrpc connection: a request comes in, an [`Outcome`] goes out; once
+//! the delegate accepted it, [`PodChecks::commit`] applies what it changed.
+//!
+//! Nothing here waits: not for the topology (loaded off the request path by
+//! [`PodChecks::spawn_refresher`]), not for a sink (log lines, events, metrics and state go
+//! through queues), not for the VM (looked at later by one timer thread).
+
+mod announce;
+mod host;
+mod observe;
+mod store;
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kata_topo::check::{check_failed, failed_verdict};
+use kata_topo::config::Config;
+use kata_topo::kata::KataConfig;
+use kata_topo::process::ProcessId;
+use kata_topo::request::ContainerKind;
+use kata_topo::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo::vm::VmView;
+use kata_topo::{
+    Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
+    Rule, Sysfs, UpdateClass, Verdict,
+};
+use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist};
+use slog::Logger;
+
+use crate::error::ShimError;
+use announce::Announcer;
+use host::HostCache;
+use observe::Observer;
+pub(crate) use store::BaselineOf;
+use store::PodStore;
+
+/// What to do with a request.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Forward it to the delegate; apply this once the delegate answers OK.
+    Forward(Option<OnAccept>),
+    /// Answer it with this error; the delegate never sees it.
+    Refuse(ShimError),
+}
+
+/// A baseline a first create records.
+#[derive(Debug, Clone)]
+pub(crate) struct NewBaseline {
+    /// Whose.
+    pub(crate) of: BaselineOf,
+    /// The spec it is recorded from.
+    pub(crate) spec: Arc<ContainerSpec>,
+    /// The baseline; `None` when the topology had not loaded yet (recorded once it has).
+    pub(crate) baseline: Option<Baseline>,
+}
+
+/// What to remember once the delegate accepted a request.
+#[derive(Debug, Clone)]
+pub(crate) enum OnAccept {
+    /// A task was created.
+    Created {
+        /// Task id.
+        task_id: String,
+        /// Its record.
+        record: TaskRecord,
+        /// The sandbox's baseline, or a container's first.
+        baseline: Option<Box<NewBaseline>>,
+    },
+    /// A task's resources changed.
+    Updated {
+        /// Task id.
+        task_id: String,
+        /// The resources now in force.
+        resources: Resources,
+    },
+    /// A task was deleted.
+    Deleted {
+        /// Task id.
+        task_id: String,
+    },
+}
+
+/// Where a pod's verdicts go.
+#[derive(Debug, Clone)]
+pub(crate) struct Sinks {
+    /// JSON lines.
+    pub(crate) log: Logger,
+    /// containerd events.
+    pub(crate) events: Events,
+    /// The sandbox's textfile.
+    pub(crate) metrics: Metrics,
+    /// What the sinks dropped.
+    pub(crate) drops: Arc<Drops>,
+}
+
+/// The checks of one pod's wrapper daemon.
+#[derive(Debug)]
+pub(crate) struct PodChecks {
+    config: Config,
+    kata: KataConfig,
+    namespace: String,
+    group: String,
+    host: HostCache,
+    sysfs: Sysfs,
+    store: PodStore,
+    /// Parsed specs by bundle: an update must not re-parse `config.json`.
+    specs: Mutex<HashMap<PathBuf, Arc<ContainerSpec>>>,
+    /// Baselines of creates accepted before the topology loaded.
+    pending_baselines: Mutex<Vec<(BaselineOf, Arc<ContainerSpec>)>>,
+    announcer: Announcer,
+    observer: Observer,
+    sinks: Sinks,
+}
+
+impl PodChecks {
+    /// The checks of pod `group`. Its state directory is created when it can be; when it
+    /// cannot (a full or read-only disk), the daemon runs from memory and says so.
+    pub(crate) fn new(
+        config: Config,
+        kata: KataConfig,
+        namespace: &str,
+        group: &str,
+        sinks: Sinks,
+    ) -> Arc<Self> {
+        let files = GroupState::open(&config.state_dir, namespace, group).unwrap_or_else(|e| {
+            slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
+                "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
+            GroupState::at(&config.state_dir, namespace, group)
+        });
+        let log = sinks.log.clone();
+        let persist = Persist::start(sinks.drops.clone(), move |key, e| {
+            slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
+                "error" => e.to_string());
+        });
+        let checks = Arc::new(Self {
+            host: HostCache::new(config.topology_source()),
+            sysfs: Sysfs::new(&config.sysfs_root),
+            store: PodStore::open(files, persist),
+            namespace: namespace.to_string(),
+            group: group.to_string(),
+            specs: Mutex::new(HashMap::new()),
+            pending_baselines: Mutex::new(Vec::new()),
+            announcer: Announcer::default(),
+            observer: Observer::new(),
+            sinks,
+            config,
+            kata,
+        });
+        Observer::start(
+            Arc::downgrade(&checks),
+            |c: &PodChecks| &c.observer,
+            |c: &PodChecks, task, pid| c.observe(task, pid),
+        );
+        checks
+    }
+
+    /// Loads the topology now (tests; the daemon uses [`PodChecks::spawn_refresher`]).
+    pub(crate) fn refresh(&self) {
+        if self
+            .host
+            .refresh(&self.sinks.log, &self.sinks.metrics, &self.group)
+        {
+            self.record_pending_baselines();
+        }
+    }
+
+    /// Spawns the thread that loads the topology now, off the request path, then every
+    /// `topology_refresh_seconds`.
+    pub(crate) fn spawn_refresher(self: &Arc<Self>) {
+        let period = self.config.topology_refresh_seconds;
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("topology-refresh".into())
+            .spawn(move || loop {
+                match weak.upgrade() {
+                    Some(checks) => checks.refresh(),
+                    None => return,
+                }
+                if period == 0 {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(period));
+            });
+        if spawned.is_err() {
+            self.refresh();
+        }
+    }
+
+    fn defaults(&self) -> Defaults {
+        self.config.defaults()
+    }
+
+    /// Runs the checker, or gives a `check-failed` verdict when it cannot run; never panics.
+    fn run_check(
+        &self,
+        req: &Request<'_>,
+        operation: Operation,
+        class: Option<UpdateClass>,
+    ) -> Verdict {
+        let spec = req.spec;
+        let (host, stale) = self.host.current();
+        let Some(host) = host else {
+            let reason = stale.unwrap_or_else(|| "no host topology".into());
+            return failed_verdict(Some(spec), operation, class, self.defaults(), &reason);
+        };
+        let checker = Checker::new(&host, Some(&self.sysfs), self.defaults());
+        let mut verdict =
+            catch_unwind(AssertUnwindSafe(|| checker.check(req))).unwrap_or_else(|_| {
+                failed_verdict(
+                    Some(spec),
+                    operation,
+                    class,
+                    self.defaults(),
+                    "the checker failed unexpectedly",
+                )
+            });
+        if let Some(reason) = stale {
+            if let Some(f) = check_failed(verdict.policy, self.config.fail_closed, &reason) {
+                verdict.findings.push(f);
+                verdict.decide();
+            }
+        }
+        verdict
+    }
+
+    /// A spec's baseline against the current topology; `None` before the first load.
+    fn baseline_of(&self, spec: &ContainerSpec) -> Option<Baseline> {
+        let host = self.host.current().0?;
+        let checker = Checker::new(&host, Some(&self.sysfs), self.defaults());
+        catch_unwind(AssertUnwindSafe(|| checker.record_baseline(spec))).ok()
+    }
+
+    /// Records the baselines of creates accepted before the topology loaded.
+    fn record_pending_baselines(&self) {
+        let pending = std::mem::take(
+            &mut *self
+                .pending_baselines
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (of, spec) in pending {
+            if self.store.baseline(&of).is_none() {
+                if let Some(b) = self.baseline_of(&spec) {
+                    self.store.save_baseline(of, b);
+                }
+            }
+        }
+    }
+
+    /// The spec in a bundle, parsed once per bundle (the parse happens outside the lock).
+    fn spec_of(
+        &self,
+        bundle: &Path,
+    ) -> Result<Arc<ContainerSpec>, kata_topo::request::RequestError> {
+        if let Some(spec) = self
+            .specs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(bundle)
+        {
+            return Ok(Arc::clone(spec));
+        }
+        let spec = Arc::new(ContainerSpec::from_file(&bundle.join("config.json"))?);
+        self.specs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(bundle.to_path_buf(), Arc::clone(&spec));
+        Ok(spec)
+    }
+
+    /// A task `Create`: the sandbox's, a container's first (records its baseline), or a
+    /// recreate of a container name the sandbox already ran (checked against its baseline).
+    pub(crate) fn on_create(&self, task_id: &str, bundle: &Path) -> Outcome {
+        let started = Instant::now();
+        // A recreate reuses the bundle path: always read what this Create brings.
+        self.specs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(bundle);
+        let spec = match self.spec_of(bundle) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut v = failed_verdict(
+                    None,
+                    Operation::Create,
+                    None,
+                    self.defaults(),
+                    &e.to_string(),
+                );
+                v.container_id = Some(task_id.to_string());
+                v.sandbox_id = Some(self.group.clone());
+                return self.finish(task_id, v, started, None);
+            }
+        };
+        let sandbox = spec.kind == ContainerKind::Sandbox;
+        let name = spec.container_name.clone();
+        let of = match (&name, sandbox) {
+            (_, true) => Some(BaselineOf::Sandbox),
+            (Some(n), false) => Some(BaselineOf::Container(n.clone())),
+            (None, false) => None,
+        };
+        let existing = match &of {
+            Some(o @ BaselineOf::Container(_)) => self.store.baseline(o),
+            _ => None,
+        };
+        let operation = match (sandbox, &existing) {
+            (true, _) => Operation::Sandbox,
+            (false, Some(_)) => Operation::Recreate,
+            (false, None) => Operation::Create,
+        };
+        let kata = self.kata.with_annotations(&spec.annotations);
+        let request = Request {
+            baseline: existing.as_ref(),
+            container_id: Some(task_id),
+            kata: Some(&kata),
+            ..Request::create(&spec)
+        };
+        let mut verdict = self.run_check(&request, operation, None);
+        verdict.container_id = Some(task_id.to_string());
+        let baseline = match (existing, of) {
+            (None, Some(of)) => Some(Box::new(NewBaseline {
+                of,
+                baseline: self.baseline_of(&spec),
+                spec: Arc::clone(&spec),
+            })),
+            _ => None,
+        };
+        let accept = OnAccept::Created {
+            task_id: task_id.to_string(),
+            record: TaskRecord {
+                bundle: bundle.to_path_buf(),
+                container_name: name,
+                sandbox,
+                resources: None,
+                pid: None,
+            },
+            baseline,
+        };
+        self.finish(task_id, verdict, started, Some(accept))
+    }
+
+    /// A task `Update` with the `LinuxResources` JSON containerd sent.
+    pub(crate) fn on_update(&self, task_id: &str, resources_json: &[u8]) -> Outcome {
+        let started = Instant::now();
+        let record = self.store.task(task_id);
+        let spec = record.as_ref().map(|r| self.spec_of(&r.bundle));
+        let update = Resources::from_json(resources_json);
+        let (spec, update, record) = match (spec, update, record) {
+            (Some(Ok(spec)), Ok(update), Some(record)) => (spec, update, record),
+            (spec, update, _) => {
+                let reason = match (spec, update) {
+                    (None, _) => format!("task {task_id} was not created through this wrapper"),
+                    (Some(Err(e)), _) => e.to_string(),
+                    (_, Err(e)) => e.to_string(),
+                    _ => "unreadable request".into(),
+                };
+                let mut v = failed_verdict(None, Operation::Update, None, self.defaults(), &reason);
+                v.container_id = Some(task_id.to_string());
+                v.sandbox_id = Some(self.group.clone());
+                return self.finish(task_id, v, started, None);
+            }
+        };
+        let current = record
+            .resources
+            .clone()
+            .unwrap_or_else(|| spec.resources.clone());
+        let class = current.classify(&update);
+        let baseline = if record.sandbox {
+            self.store.baseline(&BaselineOf::Sandbox)
+        } else {
+            record
+                .container_name
+                .clone()
+                .and_then(|n| self.store.baseline(&BaselineOf::Container(n)))
+        };
+        let kata = self.kata.with_annotations(&spec.annotations);
+        // Only static sizing needs the VM's real vCPU count to predict pinning.
+        let vm = record
+            .pid
+            .filter(|_| kata.enable_vcpus_pinning && kata.static_sandbox_resource_mgmt)
+            .and_then(|pid| VmView::read(&self.config.procfs_root, pid).ok())
+            .filter(VmView::is_vmm);
+        let request = Request {
+            spec: &spec,
+            update: Some(&update),
+            current: Some(&current),
+            baseline: baseline.as_ref(),
+            container_id: Some(task_id),
+            overrides: Overrides::default(),
+            kata: Some(&kata),
+            vm: vm.as_ref(),
+        };
+        let mut verdict = self.run_check(&request, Operation::Update, Some(class));
+        // The VM view informs the prediction (static sizing keeps the VM's vCPUs); what the
+        // VM really does is reported once the delegate applied the update (`observe`).
+        verdict.findings.retain(|f| !is_observed(f.rule));
+        verdict.decide();
+        verdict.container_id = Some(task_id.to_string());
+        let accept = OnAccept::Updated {
+            task_id: task_id.to_string(),
+            resources: current.merged(&update),
+        };
+        self.finish(task_id, verdict, started, Some(accept))
+    }
+
+    /// A task `Delete` (of the task itself, not an exec).
+    pub(crate) fn on_delete(&self, task_id: &str) -> Outcome {
+        Outcome::Forward(Some(OnAccept::Deleted {
+            task_id: task_id.to_string(),
+        }))
+    }
+
+    /// Counts, keeps, announces and decides a verdict.
+    fn finish(
+        &self,
+        task_id: &str,
+        verdict: Verdict,
+        started: Instant,
+        accept: Option<OnAccept>,
+    ) -> Outcome {
+        self.sinks.metrics.observe(&verdict, started.elapsed());
+        self.store.save_verdict(task_id, &verdict);
+        if self.announcer.should_announce(task_id, &verdict) {
+            log_verdict(&self.sinks.log, &verdict);
+            self.sinks.events.mismatch(&verdict);
+        }
+        if verdict.decision == Decision::Reject {
+            return Outcome::Refuse(ShimError::Rejected(verdict.refusal()));
+        }
+        Outcome::Forward(accept)
+    }
+
+    /// Applies what the delegate accepted. `pid` is the pid a `Create` reply carried.
+    pub(crate) fn commit(&self, accept: OnAccept, pid: Option<u32>) {
+        match accept {
+            OnAccept::Created {
+                task_id,
+                mut record,
+                baseline,
+            } => {
+                record.pid = pid;
+                if let Some(b) = baseline.map(|b| *b) {
+                    match b.baseline {
+                        Some(baseline) => self.store.save_baseline(b.of, baseline),
+                        None => {
+                            self.pending_baselines
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((b.of, b.spec));
+                            // The topology may have loaded since the check.
+                            if self.host.current().0.is_some() {
+                                self.record_pending_baselines();
+                            }
+                        }
+                    }
+                }
+                let vmm = (!record.sandbox).then_some(pid).flatten();
+                self.store.save_task(&task_id, record);
+                if let Some(p) = vmm {
+                    self.observer.schedule(&task_id, p);
+                }
+            }
+            OnAccept::Updated { task_id, resources } => {
+                if let Some(mut record) = self.store.task(&task_id) {
+                    record.resources = Some(resources);
+                    let vmm = record.pid;
+                    self.store.save_task(&task_id, record);
+                    if let Some(p) = vmm {
+                        self.observer.schedule(&task_id, p);
+                    }
+                }
+            }
+            OnAccept::Deleted { task_id } => {
+                let record = self.store.remove_task(&task_id);
+                if let Some(r) = &record {
+                    self.specs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&r.bundle);
+                }
+                self.announcer.forget(&task_id);
+                self.observer.cancel(&task_id);
+                if task_id == self.group || record.is_some_and(|r| r.sandbox) {
+                    self.sinks
+                        .metrics
+                        .remove(Instant::now() + Duration::from_millis(200));
+                    self.store.remove_all();
+                }
+            }
+        }
+    }
+
+    /// Reads the VM once the delegate has applied a request and reports what the vCPU
+    /// threads really do (`vcpu-affinity-drift`, `vcpu-overlap`) as an `update` verdict. A pid
+    /// that is not a VMM (runc) is left alone. Runs on the timer thread.
+    fn observe(&self, task_id: &str, pid: u32) {
+        let Ok(view) = VmView::read(&self.config.procfs_root, pid) else {
+            return;
+        };
+        if !view.is_vmm() {
+            return;
+        }
+        let Some(record) = self.store.task(task_id) else {
+            return;
+        };
+        let Ok(spec) = self.spec_of(&record.bundle) else {
+            return;
+        };
+        let started = Instant::now();
+        let kata = self.kata.with_annotations(&spec.annotations);
+        let current = record
+            .resources
+            .clone()
+            .unwrap_or_else(|| spec.resources.clone());
+        let baseline = record
+            .container_name
+            .clone()
+            .and_then(|n| self.store.baseline(&BaselineOf::Container(n)));
+        let request = Request {
+            spec: &spec,
+            update: Some(&current),
+            current: Some(&current),
+            baseline: baseline.as_ref(),
+            container_id: Some(task_id),
+            overrides: Overrides::default(),
+            kata: Some(&kata),
+            vm: Some(&view),
+        };
+        let mut verdict = self.run_check(&request, Operation::Update, Some(UpdateClass::Noop));
+        verdict.container_id = Some(task_id.to_string());
+        verdict.findings.retain(|f| is_observed(f.rule));
+        verdict.decide();
+        // Observed after the fact: nothing to refuse any more, whatever the mode.
+        verdict.decision = Decision::Allow;
+        self.sinks.metrics.observe(&verdict, started.elapsed());
+        if self
+            .announcer
+            .should_announce(&format!("{task_id}/vm"), &verdict)
+        {
+            log_verdict(&self.sinks.log, &verdict);
+            self.sinks.events.mismatch(&verdict);
+        }
+    }
+
+    /// Reports a check that could not run at all (it panicked): a `check-failed` verdict for
+    /// the pod, logged and counted. The request it belonged to went on unchecked.
+    pub(crate) fn report_failure(&self, method: &str, reason: &str) {
+        let operation = match method {
+            "Update" => Operation::Update,
+            _ => Operation::Create,
+        };
+        let mut v = failed_verdict(None, operation, None, self.defaults(), reason);
+        v.sandbox_id = Some(self.group.clone());
+        v.decision = Decision::Allow;
+        self.sinks.metrics.observe(&v, Duration::ZERO);
+        log_verdict(&self.sinks.log, &v);
+    }
+
+    /// Records who serves the pod: this daemon, and the delegate (its pid as the delegate
+    /// reported it, when it did).
+    pub(crate) fn record_daemon(&self, delegate_address: &str, delegate_pid: Option<u32>) {
+        let procfs = &self.config.procfs_root;
+        let Some(wrapper) = ProcessId::current(procfs) else {
+            return;
+        };
+        self.store.save_daemon(DaemonRecord {
+            wrapper,
+            delegate_address: delegate_address.to_string(),
+            delegate: delegate_pid.and_then(|p| ProcessId::of(procfs, p)),
+        });
+    }
+
+    /// The containerd namespace of the pod.
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The pod is gone (its delegate exited): its metrics and state go, within `deadline`.
+    pub(crate) fn forget(&self, deadline: Instant) {
+        self.sinks.metrics.remove(deadline);
+        self.store.remove_all();
+        self.store.persist().flush(deadline);
+    }
+
+    /// Waits (until `deadline`) for the state mirror to catch up.
+    pub(crate) fn flush_state(&self, deadline: Instant) -> bool {
+        self.store.persist().flush(deadline)
+    }
+
+    /// Where the pod's state lives.
+    #[cfg(test)]
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.store.dir().to_path_buf()
+    }
+}
+
+/// Rules about what the VM actually does, reported after the delegate applied a request.
+fn is_observed(rule: Rule) -> bool {
+    matches!(rule, Rule::VcpuAffinityDrift | Rule::VcpuOverlap)
+}
+
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;

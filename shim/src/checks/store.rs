@@ -1,0 +1,145 @@
+//! What a daemon remembers of its pod — task records, the sandbox's and each container's
+//! baseline — held in memory for the daemon's whole life and decided from there. The state
+//! directory only mirrors it (for `kata-topo status`, and for a daemon started again for the
+//! same pod), written by the state sink's own thread: a full or slow disk never changes a
+//! decision and never makes a request wait.
+
+use std::collections::HashMap;
+
+use std::sync::Mutex;
+
+use kata_topo::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo::{Baseline, Verdict};
+use kata_topo_sinks::Persist;
+
+/// Whose baseline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BaselineOf {
+    /// The pod sandbox's.
+    Sandbox,
+    /// A container's, by CRI container name.
+    Container(String),
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    sandbox: Option<Baseline>,
+    containers: HashMap<String, Baseline>,
+    tasks: HashMap<String, TaskRecord>,
+}
+
+/// One pod's records.
+#[derive(Debug)]
+pub(crate) struct PodStore {
+    files: GroupState,
+    memory: Mutex<Memory>,
+    persist: Persist,
+}
+
+impl PodStore {
+    /// The records of a pod, starting from what a previous daemon left in `files`.
+    pub(crate) fn open(files: GroupState, persist: Persist) -> Self {
+        let mut memory = Memory {
+            sandbox: files.sandbox_baseline().ok().flatten(),
+            ..Memory::default()
+        };
+        if let Ok(Some(pod)) = kata_topo::state::read_pod(files.dir()) {
+            memory.containers = pod.containers.into_iter().collect();
+            memory.tasks = pod.tasks.into_iter().collect();
+        }
+        Self {
+            files,
+            memory: Mutex::new(memory),
+            persist,
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Memory) -> T) -> T {
+        f(&mut self.memory.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn mirror(
+        &self,
+        key: String,
+        job: impl FnOnce(&GroupState) -> std::io::Result<()> + Send + 'static,
+    ) {
+        let files = self.files.clone();
+        self.persist.put(key, move || job(&files));
+    }
+
+    /// Where the files are.
+    #[cfg(test)]
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.files.dir()
+    }
+
+    /// A task's record.
+    pub(crate) fn task(&self, id: &str) -> Option<TaskRecord> {
+        self.with(|m| m.tasks.get(id).cloned())
+    }
+
+    /// Records a task.
+    pub(crate) fn save_task(&self, id: &str, record: TaskRecord) {
+        self.with(|m| m.tasks.insert(id.to_string(), record.clone()));
+        let id = id.to_string();
+        self.mirror(format!("task/{id}"), move |f| f.save_task(&id, &record));
+    }
+
+    /// Forgets a task (its container's baseline stays for a recreate).
+    pub(crate) fn remove_task(&self, id: &str) -> Option<TaskRecord> {
+        let record = self.with(|m| m.tasks.remove(id));
+        // A removal replaces the task's writes still waiting (its record and its verdict).
+        for key in [format!("task/{id}"), format!("verdict/{id}")] {
+            let id = id.to_string();
+            self.mirror(key, move |f| f.remove_task(&id));
+        }
+        record
+    }
+
+    /// A baseline.
+    pub(crate) fn baseline(&self, of: &BaselineOf) -> Option<Baseline> {
+        self.with(|m| match of {
+            BaselineOf::Sandbox => m.sandbox.clone(),
+            BaselineOf::Container(n) => m.containers.get(n).cloned(),
+        })
+    }
+
+    /// Records a baseline.
+    pub(crate) fn save_baseline(&self, of: BaselineOf, b: Baseline) {
+        match of {
+            BaselineOf::Sandbox => {
+                self.with(|m| m.sandbox = Some(b.clone()));
+                self.mirror("sandbox".into(), move |f| f.save_sandbox_baseline(&b));
+            }
+            BaselineOf::Container(name) => {
+                self.with(|m| m.containers.insert(name.clone(), b.clone()));
+                self.mirror(format!("container/{name}"), move |f| {
+                    f.save_container_baseline(&name, &b)
+                });
+            }
+        }
+    }
+
+    /// Keeps a task's latest verdict (for `kata-topo status`).
+    pub(crate) fn save_verdict(&self, task_id: &str, v: &Verdict) {
+        let (id, v) = (task_id.to_string(), v.clone());
+        self.mirror(format!("verdict/{id}"), move |f| f.save_verdict(&id, &v));
+    }
+
+    /// Records who serves the pod.
+    pub(crate) fn save_daemon(&self, d: DaemonRecord) {
+        self.mirror("daemon".into(), move |f| f.save_daemon(&d));
+    }
+
+    /// The pod is gone: forget everything and remove its files; nothing is written after.
+    pub(crate) fn remove_all(&self) {
+        self.with(|m| *m = Memory::default());
+        let files = self.files.clone();
+        self.persist.close(move || files.remove_all());
+    }
+
+    /// The mirror, to wait on it.
+    pub(crate) fn persist(&self) -> &Persist {
+        &self.persist
+    }
+}

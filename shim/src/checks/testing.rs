@@ -1,0 +1,115 @@
+//! A pod's checks for tests: the scenario's two-node host, a GPU on node 1 in VFIO group 42,
+//! one container `app` admitted on CPU 1 with the GPU, a log file in a temporary directory.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kata_topo::config::Config;
+use kata_topo::kata::KataConfig;
+use kata_topo::simulate::SysfsTree;
+use kata_topo_sinks::{Drops, Events, Log, Metrics};
+
+use super::{Outcome, PodChecks, Sinks};
+
+/// A pod's checks over the scenario's two-node host and a GPU on node 1 in VFIO group 42,
+/// logging to a file in a temporary directory.
+pub(crate) struct Pod {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) log: Log,
+    pub(crate) checks: Arc<PodChecks>,
+}
+
+pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
+    tree.add_device(
+        "0000:b7:00.0".parse().expect("bdf"),
+        1,
+        Some("vfio-pci"),
+        Some("42"),
+    )
+    .expect("gpu");
+    let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
+    let config = Config::parse(
+        &format!(
+            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
+            tree.root().display(),
+            state.display(),
+            dir.path().join("kt.log").display(),
+        ),
+        Path::new("test.toml"),
+    )
+    .expect("config");
+    let drops = Drops::new();
+    let log = Log::with_journal(&config.log_file, false, None, drops.clone());
+    let sinks = Sinks {
+        log: log.logger().clone(),
+        events: Events::off(),
+        metrics: Metrics::off(),
+        drops,
+    };
+    let checks = PodChecks::new(config, KataConfig::default(), "k8s.io", "sb1", sinks);
+    if load {
+        checks.refresh();
+    }
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "annotations": {
+                "io.kubernetes.cri.container-type": "container",
+                "io.kubernetes.cri.sandbox-id": "sb1",
+                "io.kubernetes.cri.container-name": "app",
+                "io.kubernetes.cri.sandbox-name": "pod",
+                "io.kubernetes.cri.sandbox-namespace": "ns",
+                "kata-topo.io/numa-nodes": "1"
+            },
+            "linux": {"resources": {"cpu": {"cpus": "1", "quota": 100000, "period": 100000}},
+                      "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]}
+        })
+        .to_string(),
+    )
+    .expect("spec");
+    Pod { dir, log, checks }
+}
+
+pub(crate) fn pod(mode: &str) -> Pod {
+    pod_with(mode, None, true)
+}
+
+impl Pod {
+    pub(crate) fn lines(&self) -> Vec<serde_json::Value> {
+        assert!(self.log.flush(Instant::now() + Duration::from_secs(10)));
+        std::fs::read_to_string(self.dir.path().join("kt.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .collect()
+    }
+
+    pub(crate) fn finding_lines(&self) -> usize {
+        self.lines()
+            .iter()
+            .filter(|l| l["event"] == "finding")
+            .count()
+    }
+
+    pub(crate) fn create(&self) {
+        match self.checks.on_create("c1", &self.dir.path().join("bundle")) {
+            Outcome::Forward(Some(accept)) => self.checks.commit(accept, Some(7)),
+            other => panic!("create: {other:?}"),
+        }
+    }
+
+    pub(crate) fn update(&self, json: &str) -> Outcome {
+        let outcome = self.checks.on_update("c1", json.as_bytes());
+        if let Outcome::Forward(Some(accept)) = &outcome {
+            self.checks.commit(accept.clone(), None);
+        }
+        outcome
+    }
+}

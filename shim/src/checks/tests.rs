@@ -1,0 +1,200 @@
+use super::testing::{pod, pod_with};
+use super::*;
+use crate::ttrpc::Code;
+
+const CROSS: &str = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
+
+#[test]
+fn repeated_identical_findings_are_announced_once() {
+    let p = pod("audit");
+    p.create();
+    assert_eq!(p.finding_lines(), 0);
+    p.update(CROSS);
+    let first = p.finding_lines();
+    assert_eq!(first, 2, "cpu-outside-intent and vfio-remote");
+    // The reconcile loop pushes the same cpuset: a noop with the same findings.
+    p.update(CROSS);
+    p.update(CROSS);
+    assert_eq!(p.finding_lines(), first);
+    // Back on node 1: clean, re-arms; crossing again is announced again.
+    p.update(r#"{"cpu":{"cpus":"1"}}"#);
+    assert_eq!(p.finding_lines(), first);
+    p.update(CROSS);
+    assert_eq!(p.finding_lines(), first * 2);
+    // The latest verdict is kept for `kata-topo status`.
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let kept = p.checks.state_dir().join("verdicts/c1.json");
+    let v: Verdict = serde_json::from_slice(&std::fs::read(kept).expect("verdict")).expect("json");
+    assert_eq!(v.findings.len(), 2);
+}
+
+#[test]
+fn enforce_refuses_with_failed_precondition_naming_rule_and_pod() {
+    let p = pod("enforce");
+    p.create();
+    match p.update(r#"{"cpu":{"cpus":"0"}}"#) {
+        Outcome::Refuse(e) => {
+            assert_eq!(e.code(), Code::FailedPrecondition);
+            let m = e.to_string();
+            assert!(
+                m.contains("vfio-remote") && m.contains("ns/pod") && m.contains("expected"),
+                "{m}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // The refused update was not committed: the task still has its create-time resources.
+    let record = p.checks.store.task("c1").expect("task");
+    assert_eq!(record.resources, None);
+    assert_eq!(record.pid, Some(7));
+    assert!(matches!(
+        p.update(r#"{"cpu":{"quota":200000}}"#),
+        Outcome::Forward(_)
+    ));
+}
+
+#[test]
+fn unknown_tasks_and_malformed_updates_are_check_failed_not_refused() {
+    let p = pod("enforce");
+    assert!(matches!(
+        p.checks.on_update("nobody", b"{}"),
+        Outcome::Forward(None)
+    ));
+    p.create();
+    assert!(matches!(
+        p.checks.on_update("c1", b"{not json"),
+        Outcome::Forward(None)
+    ));
+    let lines = p.lines();
+    assert!(
+        lines.iter().any(|l| l["rule"] == "check-failed"
+            && l["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("was not created through this wrapper"))),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn sandbox_delete_removes_the_pod_state() {
+    let p = pod("audit");
+    p.create();
+    assert!(p
+        .checks
+        .store
+        .baseline(&BaselineOf::Container("app".into()))
+        .is_some());
+    if let Outcome::Forward(Some(accept)) = p.checks.on_delete("c1") {
+        p.checks.commit(accept, None);
+    }
+    assert!(p.checks.store.task("c1").is_none());
+    assert!(
+        p.checks
+            .store
+            .baseline(&BaselineOf::Container("app".into()))
+            .is_some(),
+        "kept for a recreate"
+    );
+    if let Outcome::Forward(Some(accept)) = p.checks.on_delete("sb1") {
+        p.checks.commit(accept, None);
+    }
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(!p.checks.state_dir().exists());
+}
+
+/// Task records and baselines live in memory: a state directory that cannot be written (a
+/// full disk) costs the mirror, never a decision.
+#[test]
+fn a_state_dir_that_cannot_be_written_changes_no_decision() {
+    let outside = tempfile::tempdir().expect("tempdir");
+    // A file where the state directory should be: nothing can be created under it.
+    let blocked = outside.path().join("state");
+    std::fs::write(&blocked, "not a directory").expect("block");
+    let p = pod_with("enforce", Some(&blocked.join("sub")), true);
+    p.create();
+    match p.update(CROSS) {
+        Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
+        other => panic!("enforce must still refuse: {other:?}"),
+    }
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let lines = p.lines();
+    assert!(
+        lines.iter().any(|l| l["event"] == "state-failed"),
+        "the failed writes are reported: {lines:#?}"
+    );
+    assert!(p.checks.sinks.drops.get(kata_topo_sinks::Sink::State) > 0);
+}
+
+/// A create that arrives before the topology loaded is forwarded at once, reported as not
+/// checked, and its baseline is recorded once the topology is there.
+#[test]
+fn nothing_waits_for_the_topology() {
+    let p = pod_with("enforce", None, false);
+    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(7)),
+        other => panic!("forwarded: {other:?}"),
+    }
+    let lines = p.lines();
+    assert!(
+        lines.iter().any(|l| l["rule"] == "check-failed"
+            && l["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("still loading"))),
+        "{lines:#?}"
+    );
+    let app = BaselineOf::Container("app".into());
+    assert!(p.checks.store.baseline(&app).is_none());
+    p.checks.refresh();
+    let b = p
+        .checks
+        .store
+        .baseline(&app)
+        .expect("recorded after the load");
+    assert_eq!(b.cpus.map(|c| c.to_string()).as_deref(), Some("1"));
+    // From now on the pod is checked against it.
+    assert!(matches!(p.update(CROSS), Outcome::Refuse(_)));
+}
+
+/// A stream of updates keeps at most one look at the VM pending per task.
+#[test]
+fn vm_looks_are_coalesced_per_task() {
+    let p = pod("audit");
+    p.create();
+    for _ in 0..1000 {
+        p.update(r#"{"cpu":{"quota":100000}}"#);
+    }
+    assert!(p.checks.observer.pending() <= 1);
+}
+
+/// The wrapper's own observation, against a real QEMU: after the delegate accepted a
+/// container's create, the VMM whose pid the reply carried is read again and what its vCPU
+/// threads really do is reported.
+#[test]
+fn the_vm_is_observed_after_a_create() {
+    let q = kata_topo_integration::Qemu::start();
+    q.pin(0, "0");
+    q.pin(1, "0");
+    let p = pod("audit");
+    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(q.pid())),
+        other => panic!("create: {other:?}"),
+    }
+    let found = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.lines().iter().any(|l| l["rule"] == "vcpu-overlap")
+    });
+    let lines = p.lines();
+    assert!(found, "{lines:#?}");
+    let drift = lines
+        .iter()
+        .find(|l| l["rule"] == "vcpu-affinity-drift")
+        .expect("vCPUs on node 0, the pod on node 1");
+    assert_eq!(drift["operation"], "update");
+    assert_eq!(drift["decision"], "allow");
+}

@@ -1,0 +1,386 @@
+//! Prometheus text files for node-exporter's textfile collector: one file per sandbox,
+//! `kata-topo-<namespace>-<sandbox>.prom`, every series labelled with `namespace` and
+//! `sandbox_id` so files never collide and counters never double count.
+//!
+//! A check only bumps counters in memory and marks them dirty; a writer thread renders the
+//! file and replaces it whole, relative to the directory it opened once without following a
+//! symlink (see [`kata_topo::files::Dir`]). A hung filesystem stalls only the writer: the
+//! counters keep counting and the next write carries them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use kata_topo::files::Dir;
+use kata_topo::Verdict;
+
+use crate::queue::{Drops, Sink};
+
+/// Histogram buckets for `kata_topo_check_duration_seconds`.
+const BUCKETS: [f64; 11] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
+];
+/// How often the writer looks at the drop counters when nothing else changed.
+const IDLE: Duration = Duration::from_secs(5);
+/// The file's mode: node-exporter runs as another user and must read it.
+const MODE: u32 = 0o644;
+
+#[derive(Debug, Default)]
+struct Counters {
+    checks: BTreeMap<(String, String), u64>,
+    findings: BTreeMap<(String, String), u64>,
+    buckets: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+    refreshes: BTreeMap<&'static str, u64>,
+    dirty: bool,
+    removed: bool,
+    /// The writer removed the file (after `removed`).
+    gone: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    name: String,
+    labels: String,
+    counters: Mutex<Counters>,
+    wake: Condvar,
+    drops: Arc<Drops>,
+}
+
+/// Where check counts and durations go: a textfile, or nowhere.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics(Option<Arc<Shared>>);
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The file's name for a sandbox.
+pub fn file_name(namespace: &str, sandbox: &str) -> String {
+    format!(
+        "kata-topo-{}-{}.prom",
+        kata_topo::state::safe_name(namespace),
+        kata_topo::state::safe_name(sandbox)
+    )
+}
+
+impl Metrics {
+    /// No metrics (no `metrics_dir`).
+    pub fn off() -> Self {
+        Self(None)
+    }
+
+    /// The file for one sandbox in `dir` (created if missing), written at once so the
+    /// sandbox shows as watched.
+    pub fn textfile(dir: &Path, namespace: &str, sandbox: &str, drops: Arc<Drops>) -> Self {
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            name: file_name(namespace, sandbox),
+            labels: format!(
+                "namespace=\"{}\",sandbox_id=\"{}\"",
+                escape(namespace),
+                escape(sandbox)
+            ),
+            counters: Mutex::new(Counters {
+                dirty: true,
+                ..Counters::default()
+            }),
+            wake: Condvar::new(),
+            drops,
+        });
+        let weak = Arc::downgrade(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || writer(&weak));
+        Self(spawned.ok().map(|_| shared))
+    }
+
+    /// The file's path, when there is one.
+    pub fn path(&self) -> Option<PathBuf> {
+        self.0.as_ref().map(|s| s.dir.join(&s.name))
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Counters)) {
+        if let Some(s) = &self.0 {
+            let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut c);
+            c.dirty = true;
+            s.wake.notify_one();
+        }
+    }
+
+    /// One check done.
+    pub fn observe(&self, v: &Verdict, elapsed: Duration) {
+        self.update(|c| {
+            *c.checks
+                .entry((v.operation.to_string(), v.decision.to_string()))
+                .or_insert(0) += 1;
+            for f in &v.findings {
+                *c.findings
+                    .entry((f.rule.id().to_string(), f.severity.to_string()))
+                    .or_insert(0) += 1;
+            }
+            let secs = elapsed.as_secs_f64();
+            if let Some(i) = BUCKETS.iter().position(|le| secs <= *le) {
+                c.buckets[i] += 1;
+            }
+            c.sum += secs;
+            c.count += 1;
+        });
+    }
+
+    /// A topology (re)load finished.
+    pub fn refreshed(&self, ok: bool) {
+        self.update(|c| {
+            *c.refreshes
+                .entry(if ok { "ok" } else { "failed" })
+                .or_insert(0) += 1;
+        });
+    }
+
+    /// The sandbox is gone: its file goes, and is never written again. Waits for the writer
+    /// until `deadline` (a writer stuck on a hung filesystem is not waited for).
+    pub fn remove(&self, deadline: Instant) -> bool {
+        let Some(s) = &self.0 else {
+            return true;
+        };
+        let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
+        c.removed = true;
+        s.wake.notify_one();
+        while !c.gone {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            c = s
+                .wake
+                .wait_timeout(c, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+}
+
+fn render(s: &Shared, c: &Counters) -> String {
+    let l = &s.labels;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "# HELP kata_topo_sandbox_watched Sandboxes a kata-topo wrapper watches.\n# TYPE kata_topo_sandbox_watched gauge\nkata_topo_sandbox_watched{{{l}}} 1\n"
+    );
+    out.push_str("# HELP kata_topo_checks_total Checks run by kata-topo, by operation and decision.\n# TYPE kata_topo_checks_total counter\n");
+    for ((op, decision), n) in &c.checks {
+        let _ = writeln!(
+            out,
+            "kata_topo_checks_total{{{l},operation=\"{op}\",decision=\"{decision}\"}} {n}"
+        );
+    }
+    out.push_str("# HELP kata_topo_findings_total Findings reported by kata-topo, by rule and severity.\n# TYPE kata_topo_findings_total counter\n");
+    for ((rule, severity), n) in &c.findings {
+        let _ = writeln!(
+            out,
+            "kata_topo_findings_total{{{l},rule=\"{rule}\",severity=\"{severity}\"}} {n}"
+        );
+    }
+    out.push_str("# HELP kata_topo_check_duration_seconds Time a check takes on the request path.\n# TYPE kata_topo_check_duration_seconds histogram\n");
+    let mut cumulative = 0;
+    for (i, le) in BUCKETS.iter().enumerate() {
+        cumulative += c.buckets[i];
+        let _ = writeln!(
+            out,
+            "kata_topo_check_duration_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "kata_topo_check_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}",
+        c.count
+    );
+    let _ = writeln!(out, "kata_topo_check_duration_seconds_sum{{{l}}} {}", c.sum);
+    let _ = writeln!(
+        out,
+        "kata_topo_check_duration_seconds_count{{{l}}} {}",
+        c.count
+    );
+    out.push_str("# HELP kata_topo_topology_refreshes_total Host topology loads, by result.\n# TYPE kata_topo_topology_refreshes_total counter\n");
+    for result in ["ok", "failed"] {
+        let _ = writeln!(
+            out,
+            "kata_topo_topology_refreshes_total{{{l},result=\"{result}\"}} {}",
+            c.refreshes.get(result).copied().unwrap_or(0)
+        );
+    }
+    out.push_str("# HELP kata_topo_sink_dropped_total Log lines, journald entries, events and state writes kata-topo dropped rather than make a request wait.\n# TYPE kata_topo_sink_dropped_total counter\n");
+    for sink in Sink::ALL {
+        let _ = writeln!(
+            out,
+            "kata_topo_sink_dropped_total{{{l},sink=\"{}\"}} {}",
+            sink.name(),
+            s.drops.get(sink)
+        );
+    }
+    out
+}
+
+/// The writer thread: renders and replaces the file whenever counters changed (and when
+/// drop counters moved), removes it when the sandbox is gone.
+fn writer(weak: &Weak<Shared>) {
+    let mut dir: Option<Dir> = None;
+    let mut drops_seen = None;
+    loop {
+        let Some(s) = weak.upgrade() else {
+            return;
+        };
+        let (text, removed) = {
+            let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
+            let drops_now = Some(s.drops.snapshot());
+            if !c.dirty && !c.removed && drops_now == drops_seen {
+                c = s
+                    .wake
+                    .wait_timeout(c, IDLE)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+            let drops_now = Some(s.drops.snapshot());
+            if !c.dirty && !c.removed && drops_now == drops_seen {
+                continue;
+            }
+            drops_seen = drops_now;
+            c.dirty = false;
+            let text = (!c.removed).then(|| render(&s, &c));
+            (text, c.removed)
+        };
+        if dir.is_none() {
+            dir = Dir::create(&s.dir, 0o755).ok();
+        }
+        let Some(d) = &dir else {
+            if removed {
+                let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
+                c.gone = true;
+                s.wake.notify_all();
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        };
+        match text {
+            Some(text) => {
+                let _ = d.write_atomic(&s.name, text.as_bytes(), MODE);
+            }
+            None => {
+                let _ = d.remove(&s.name);
+                let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
+                c.gone = true;
+                s.wake.notify_all();
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict() -> Verdict {
+        serde_json::from_value(serde_json::json!({
+            "operation": "update", "class": "cpuset", "sandbox_id": "sb1", "container_id": "c1",
+            "container_name": "app", "pod": {}, "policy": "restricted", "mode": "audit",
+            "decision": "allow",
+            "findings": [{"rule": "vfio-remote", "severity": "error", "message": "m",
+                          "expected": {}, "observed": {}}]
+        }))
+        .expect("verdict")
+    }
+
+    fn wait_for(path: &Path, f: impl Fn(&str) -> bool) -> String {
+        for _ in 0..500 {
+            if let Ok(t) = std::fs::read_to_string(path) {
+                if f(&t) {
+                    return t;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    #[test]
+    fn textfiles_are_written_whole_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let drops = Drops::new();
+        let m = Metrics::textfile(dir.path(), "k8s.io", "sb1", drops.clone());
+        let path = m.path().expect("path");
+        assert!(path.ends_with("kata-topo-k8s.io-sb1.prom"));
+        let first = wait_for(&path, |t| t.contains("kata_topo_sandbox_watched"));
+        assert!(
+            first.contains("kata_topo_sandbox_watched{namespace=\"k8s.io\",sandbox_id=\"sb1\"} 1"),
+            "{first}"
+        );
+        m.observe(&verdict(), Duration::from_micros(30));
+        m.observe(&verdict(), Duration::from_millis(2));
+        m.refreshed(true);
+        drops.add(Sink::Events, 3);
+        let l = "namespace=\"k8s.io\",sandbox_id=\"sb1\"";
+        let expected = [
+            format!("kata_topo_checks_total{{{l},operation=\"update\",decision=\"allow\"}} 2"),
+            format!("kata_topo_findings_total{{{l},rule=\"vfio-remote\",severity=\"error\"}} 2"),
+            format!("kata_topo_check_duration_seconds_bucket{{{l},le=\"0.00005\"}} 1"),
+            format!("kata_topo_check_duration_seconds_bucket{{{l},le=\"+Inf\"}} 2"),
+            format!("kata_topo_check_duration_seconds_count{{{l}}} 2"),
+            format!("kata_topo_topology_refreshes_total{{{l},result=\"ok\"}} 1"),
+            format!("kata_topo_sink_dropped_total{{{l},sink=\"events\"}} 3"),
+            format!("kata_topo_sink_dropped_total{{{l},sink=\"log\"}} 0"),
+        ];
+        let text = wait_for(&path, |t| {
+            expected.iter().all(|e| t.lines().any(|x| x == e))
+        });
+        for e in &expected {
+            assert!(text.lines().any(|x| x == e), "missing {e} in\n{text}");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        assert!(m.remove(Instant::now() + Duration::from_secs(10)));
+        assert!(!path.exists());
+        m.observe(&verdict(), Duration::from_micros(30));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!path.exists(), "a removed sandbox is never written again");
+    }
+
+    #[test]
+    fn planted_symlinks_are_never_written_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").expect("victim");
+        let textfile = dir.path().join("textfile");
+        std::fs::create_dir(&textfile).expect("dir");
+        let name = file_name("k8s.io", "sb1");
+        std::os::unix::fs::symlink(&victim, textfile.join(&name)).expect("plant");
+        std::os::unix::fs::symlink(&victim, textfile.join(format!(".{name}.tmp")))
+            .expect("plant the old temporary name");
+        let m = Metrics::textfile(&textfile, "k8s.io", "sb1", Drops::new());
+        m.observe(&verdict(), Duration::from_micros(30));
+        let text = wait_for(&textfile.join(&name), |t| t.contains("checks_total"));
+        assert!(text.contains("kata_topo_checks_total"), "{text}");
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+    }
+
+    #[test]
+    fn off_is_silent() {
+        let m = Metrics::off();
+        m.observe(&verdict(), Duration::from_micros(1));
+        assert!(m.remove(Instant::now()));
+        assert_eq!(m.path(), None);
+    }
+}

@@ -1,0 +1,257 @@
+//! Files written in directories another user may write too (node-exporter's textfile
+//! directory belongs to the `prometheus` user): the directory is opened once, without
+//! following a symlink, and every file is created, replaced and removed relative to that open
+//! directory. A new file is a fresh temporary one (`O_CREAT | O_EXCL | O_NOFOLLOW`, a random
+//! name) renamed over the target, so a planted symlink or file is never written through and a
+//! reader never sees half a file.
+
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+
+/// An open directory.
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// A name inside a directory: one component, not `.` or `..`.
+fn check_name(name: &str) -> io::Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a file name"),
+        ));
+    }
+    Ok(())
+}
+
+/// A name nobody can guess ahead of time.
+fn random_suffix() -> u64 {
+    // std seeds every RandomState from the OS's randomness.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish()
+}
+
+impl Dir {
+    /// Opens `path` as a directory; a symlink as its last component is refused.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Self {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Creates `path` (and missing parents, with `mode`), then opens it.
+    pub fn create(path: &Path, mode: u32) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(path)?;
+        Self::open(path)
+    }
+
+    /// Where it was opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces `name` with `bytes` whole: written to a new temporary file (`mode`), then
+    /// renamed over `name`. The temporary name starts with a dot and ends in `.tmp`.
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+        check_name(name)?;
+        let mut attempts = 0;
+        let (tmp, fd) = loop {
+            let tmp = format!(".{name}.{:016x}.tmp", random_suffix());
+            match rustix::fs::openat(
+                &self.fd,
+                tmp.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(mode),
+            ) {
+                Ok(fd) => break (tmp, fd),
+                Err(rustix::io::Errno::EXIST) if attempts < 8 => attempts += 1,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let written = File::from(fd).write_all(bytes);
+        let renamed = written.and_then(|()| {
+            rustix::fs::renameat(&self.fd, tmp.as_str(), &self.fd, name).map_err(io::Error::from)
+        });
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(&self.fd, tmp.as_str(), rustix::fs::AtFlags::empty());
+        }
+        renamed
+    }
+
+    /// Removes `name`; one that is not there is fine.
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        check_name(name)?;
+        match rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Opens `name` for appending, creating it with `mode`; a symlink is refused. Opened
+    /// non-blocking, so a FIFO without a reader, or a full one, never blocks the writer.
+    pub fn open_append(&self, name: &str, mode: u32) -> io::Result<File> {
+        check_name(name)?;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY
+                | OFlags::APPEND
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// The identity (device, inode) of what is at `name` now, without following a symlink;
+    /// `None` when nothing is.
+    pub fn identity(&self, name: &str) -> io::Result<Option<(u64, u64)>> {
+        check_name(name)?;
+        match rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some((st.st_dev, st.st_ino))),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The identity (device, inode) of an open file.
+pub fn identity(file: &File) -> io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(file)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Replaces the file at `path` whole (see [`Dir::write_atomic`]).
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a file path", path.display()),
+        ));
+    };
+    Dir::open(dir)?.write_atomic(&name.to_string_lossy(), bytes, mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn replaces_whole_files_and_leaves_no_temporary() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = Dir::open(tmp.path()).expect("open");
+        dir.write_atomic("a.prom", b"one", 0o640).expect("write");
+        dir.write_atomic("a.prom", b"two", 0o640).expect("rewrite");
+        assert_eq!(
+            std::fs::read(tmp.path().join("a.prom")).expect("read"),
+            b"two"
+        );
+        let meta = std::fs::metadata(tmp.path().join("a.prom")).expect("meta");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("a.prom")]);
+        dir.remove("a.prom").expect("remove");
+        dir.remove("a.prom").expect("removing what is gone is fine");
+        assert!(!tmp.path().join("a.prom").exists());
+    }
+
+    #[test]
+    fn never_writes_through_a_planted_symlink() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "precious").expect("victim");
+        let d = tmp.path().join("textfile");
+        std::fs::create_dir(&d).expect("dir");
+        std::os::unix::fs::symlink(&victim, d.join("m.prom")).expect("plant");
+        let dir = Dir::open(&d).expect("open");
+        dir.write_atomic("m.prom", b"metrics", 0o644)
+            .expect("write");
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+        assert!(!std::fs::symlink_metadata(d.join("m.prom"))
+            .expect("meta")
+            .file_type()
+            .is_symlink());
+        // The log file: a symlink at its name is refused, not followed.
+        std::os::unix::fs::symlink(&victim, d.join("kt.log")).expect("plant");
+        let e = dir
+            .open_append("kt.log", 0o640)
+            .expect_err("symlink refused");
+        assert_eq!(e.raw_os_error(), Some(nix_eloop()));
+        assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+    }
+
+    fn nix_eloop() -> i32 {
+        rustix::io::Errno::LOOP.raw_os_error()
+    }
+
+    #[test]
+    fn refuses_a_symlinked_directory_and_bad_names() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink("/etc", tmp.path().join("link")).expect("plant");
+        assert!(Dir::open(&tmp.path().join("link")).is_err());
+        let dir = Dir::open(tmp.path()).expect("open");
+        for bad in ["", ".", "..", "a/b", "../x"] {
+            assert!(dir.write_atomic(bad, b"x", 0o600).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_directory_stays_the_one_opened() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let d = tmp.path().join("d");
+        std::fs::create_dir(&d).expect("dir");
+        let dir = Dir::open(&d).expect("open");
+        // Someone swaps the directory for a symlink to another one after it was opened.
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        std::fs::rename(&d, tmp.path().join("moved")).expect("move");
+        std::os::unix::fs::symlink(&elsewhere, &d).expect("swap");
+        dir.write_atomic("f", b"x", 0o600).expect("write");
+        assert!(tmp.path().join("moved/f").exists());
+        assert!(!elsewhere.join("f").exists());
+    }
+
+    #[test]
+    fn identities_tell_a_rotated_file() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = Dir::open(tmp.path()).expect("open");
+        assert_eq!(dir.identity("kt.log").expect("stat"), None);
+        let f = dir.open_append("kt.log", 0o640).expect("open");
+        let id = identity(&f).expect("fstat");
+        assert_eq!(dir.identity("kt.log").expect("stat"), Some(id));
+        let meta = std::fs::metadata(tmp.path().join("kt.log")).expect("meta");
+        assert_eq!((meta.dev(), meta.ino()), id);
+        std::fs::rename(tmp.path().join("kt.log"), tmp.path().join("kt.log.1")).expect("rotate");
+        assert_eq!(dir.identity("kt.log").expect("stat"), None);
+    }
+}
