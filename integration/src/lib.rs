@@ -124,6 +124,12 @@ pub struct Guard {
     /// Install `kata-topo-hook` as a createRuntime hook in the `runc` handler's base runtime
     /// spec (and let `kata-topo.io/*` pod annotations reach runc containers).
     pub runc_hook: bool,
+    /// `delegate_shim`; default `containerd-shim-runc-v2`.
+    pub delegate: Option<PathBuf>,
+    /// `log_file`; default `<dir>/kata-topo.log`.
+    pub log_file: Option<PathBuf>,
+    /// `state_dir`; default `<dir>/kt-state`.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Guard {
@@ -136,6 +142,9 @@ impl Default for Guard {
             extra: String::new(),
             runc_hook: false,
             metrics: false,
+            delegate: None,
+            log_file: None,
+            state_dir: None,
         }
     }
 }
@@ -247,8 +256,18 @@ impl Containerd {
             .clone()
             .unwrap_or_else(|| workspace().join("scenario/two-node-host.xml"));
         let config = d.join("kata-topo.toml");
-        let log_file = d.join("kata-topo.log");
-        let state_dir = d.join("kt-state");
+        let log_file = guard
+            .log_file
+            .clone()
+            .unwrap_or_else(|| d.join("kata-topo.log"));
+        let state_dir = guard
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| d.join("kt-state"));
+        let delegate = guard
+            .delegate
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("containerd-shim-runc-v2"));
         let metrics_dir = d.join("metrics");
         let metrics_line = if guard.metrics {
             format!("metrics_dir = \"{}\"\n", metrics_dir.display())
@@ -258,9 +277,10 @@ impl Containerd {
         std::fs::write(
             &config,
             format!(
-                "[topology_guard]\ndelegate_shim = \"containerd-shim-runc-v2\"\nmode = \"{}\"\n\
+                "[topology_guard]\ndelegate_shim = \"{}\"\nmode = \"{}\"\n\
                  default_policy = \"{}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\n\
                  state_dir = \"{}\"\nlog_file = \"{}\"\nfail_closed = {}\n{}{}\n",
+                delegate.display(),
                 guard.mode,
                 guard.policy,
                 topology.display(),

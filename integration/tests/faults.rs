@@ -189,3 +189,317 @@ fn delete_is_never_killed_by_containerd() {
     assert!(killed.is_empty(), "{killed:#?}");
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
+
+/// Runs `f` on a thread and fails the test if it has not finished within `limit`: a guard
+/// against a hang, not a timing.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+}
+
+/// The wrapper's log is a FIFO that is open but never read (as journald's full queue or a hung
+/// filesystem would be): lines are dropped and counted, and every update is still answered.
+#[test]
+fn a_log_nobody_reads_never_stalls_an_update() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fifo = tmp.path().join("kata-topo.log");
+    nix_mkfifo(&fifo);
+    // Held open for reading and never read.
+    let _held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .expect("hold the FIFO");
+    let c = Containerd::start(Guard {
+        log_file: Some(fifo.clone()),
+        metrics: true,
+        ..Guard::default()
+    });
+    let mut cri = c.cri();
+    let (pod, _cfg, id) = cri.admit("fifo", &[("kata-topo.io/numa-nodes", "1")], true);
+    let (cri, id) = within(Duration::from_secs(300), "150 updates", move || {
+        let res = Res::admitted();
+        for i in 0..150 {
+            // Crossing, then back: every crossing is a new finding to log.
+            let cpus = if i % 2 == 0 { "0" } else { "1" };
+            cri.update(&id, &res.on(cpus))
+                .unwrap_or_else(|e| panic!("update {i}: {e:?}"));
+        }
+        (cri, id)
+    });
+    let mut cri = cri;
+    assert_eq!(cri.status(&id).0, RUNNING);
+    let metrics = c.metrics_dir.clone();
+    let dropped = eventually(Duration::from_secs(15), || {
+        metric(&metrics, "kata_topo_sink_dropped_total", "sink=\"log\"") > 0.0
+    });
+    assert!(dropped, "the dropped lines are counted");
+    cri.remove_pod(&pod);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+fn nix_mkfifo(path: &std::path::Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo");
+    assert!(ok.success());
+}
+
+/// The value of the first series `name{…label…}` in the textfiles of `dir`.
+fn metric(dir: &std::path::Path, name: &str, label: &str) -> f64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".prom"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// A tmpfs mounted for the test and unmounted when it ends.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(path: std::path::PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&path).expect("mount point");
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&path)
+            .status()
+            .expect("mount");
+        assert!(ok.success(), "mount tmpfs at {}", path.display());
+        Self(path)
+    }
+
+    /// Fills it up: a file grows until the filesystem says it is full.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).expect("filler");
+        let block = vec![0u8; 64 * 1024];
+        loop {
+            if f.write_all(&block).is_err() {
+                break;
+            }
+        }
+        assert!(
+            std::fs::write(self.0.join("probe"), b"x").is_err(),
+            "the filesystem is full"
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Task records live in memory: a container created while `state_dir` is full is still
+/// known, and enforce mode still refuses a cross-NUMA cpuset push for it.
+#[test]
+fn a_full_state_disk_does_not_switch_enforcement_off() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let state = Tmpfs::mount(tmp.path().join("state"), "256k");
+    let c = Containerd::start(Guard {
+        state_dir: Some(state.0.clone()),
+        ..Guard::default()
+    });
+    let mut cri = c.cri();
+    let cfg = cri.pod_config(
+        "full",
+        &[
+            ("kata-topo.io/mode", "enforce"),
+            ("kata-topo.io/numa-nodes", "1"),
+        ],
+    );
+    let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
+    state.fill();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &Res::admitted(), true)
+        .expect("StartContainer on a full state disk");
+    let err = cri
+        .update(&id, &Res::admitted().on("0"))
+        .expect_err("enforce refuses the crossing push");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert_eq!(cri.allowed_cpus(&id), "1");
+    assert!(
+        c.log_lines().iter().any(|l| l["event"] == "state-failed"),
+        "the failed writes are reported: {:#?}",
+        c.log_lines()
+    );
+    cri.remove_pod(&pod);
+    let _ = std::fs::remove_file(state.0.join("filler"));
+    let _ = std::fs::remove_file(state.0.join("probe"));
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+/// Symlinks planted where the wrapper writes — the metrics file, its old temporary name, the
+/// log file — are never written through.
+#[test]
+fn planted_symlinks_are_never_followed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, "precious").expect("victim");
+    let log = tmp.path().join("kata-topo.log");
+    std::os::unix::fs::symlink(&victim, &log).expect("plant the log");
+    let c = Containerd::start(Guard {
+        metrics: true,
+        log_file: Some(log.clone()),
+        ..Guard::default()
+    });
+    std::fs::create_dir_all(&c.metrics_dir).expect("metrics dir");
+    for name in [
+        "kata-topo-default-planted.prom",
+        ".kata-topo-default-planted.prom.tmp",
+    ] {
+        std::os::unix::fs::symlink(&victim, c.metrics_dir.join(name)).expect("plant");
+    }
+    run_bg(&c, "planted");
+    let written = eventually(Duration::from_secs(10), || {
+        std::fs::symlink_metadata(c.metrics_dir.join("kata-topo-default-planted.prom"))
+            .is_ok_and(|m| m.file_type().is_file())
+    });
+    assert!(written, "the metrics file replaced the planted symlink");
+    cleanup_task(&c, "planted");
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+}
+
+/// A raw ttrpc client sends the wrapper a request over 4 MiB, then a valid `State` on the same
+/// connection: the first is answered RESOURCE_EXHAUSTED, the second normally.
+#[test]
+fn an_oversized_request_fails_only_its_stream() {
+    use kata_topo_sinks::ttrpc::{Client, Frame, Response, TASK_V2, TYPE_REQUEST, TYPE_RESPONSE};
+    use prost::Message;
+    let c = Containerd::start(Guard::default());
+    run_bg(&c, "big");
+    let bundle = c
+        .dir
+        .path()
+        .join("state/io.containerd.runtime.v2.task/default/big");
+    let info: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(bundle.join("kata-topo.json")).expect("kata-topo.json"),
+    )
+    .expect("JSON");
+    let address = info["address"].as_str().expect("address").to_string();
+    let path = address.trim_start_matches("unix://").to_string();
+    let mut raw = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    raw.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    Frame {
+        stream_id: 1,
+        kind: TYPE_REQUEST,
+        flags: 0,
+        payload: vec![0u8; (4 << 20) + 1],
+    }
+    .write(&mut raw)
+    .expect("send the oversized frame");
+    let answer = Frame::read(&mut raw).expect("read").expect("an answer");
+    assert_eq!((answer.stream_id, answer.kind), (1, TYPE_RESPONSE));
+    let status = Response::decode(answer.payload.as_slice()).expect("response");
+    assert_eq!(status.code(), 8, "RESOURCE_EXHAUSTED: {status:?}");
+    // A State on the same connection, as containerd would send it.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct StateRequest {
+        #[prost(string, tag = "1")]
+        id: String,
+    }
+    let mut client = Client::from_stream(raw, 3);
+    let r = client
+        .call(
+            TASK_V2,
+            "State",
+            StateRequest { id: "big".into() }.encode_to_vec(),
+            "default",
+            std::time::Instant::now() + Duration::from_secs(10),
+        )
+        .expect("State after the oversized frame");
+    assert_eq!(r.code(), 0, "{r:?}");
+    drop(client);
+    cleanup_task(&c, "big");
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+/// A delegate shim that runs the real one, with a fault at `start`.
+fn faulty_delegate(dir: &std::path::Path, fault: &str) -> std::path::PathBuf {
+    let script = dir.join("delegate");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+# The real delegate for everything; at start, after it started: {fault}.
+case " $* " in
+  *" start "*) ;;
+  *) exec containerd-shim-runc-v2 "$@" ;;
+esac
+out=$(containerd-shim-runc-v2 "$@") || exit $?
+case "{fault}" in
+  garbled) printf 'not an address' ;;
+  daemon-dies)
+    # This containerd's wrapper daemon only: its command line names the same address.
+    addr=$(printf ' %s ' "$*" | sed -n 's/.* -address \([^ ]*\) .*/\1/p')
+    pkill -9 -f -- "-address $addr .*kata-topo-daemon"
+    sleep 0.2
+    printf '%s' "$out" ;;
+  address-unwritable) rm -f address && mkdir address && printf '%s' "$out" ;;
+esac
+"#
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    script
+}
+
+/// `start` fails after the delegate started: the delegate it started is stopped, and the
+/// wrapper's socket, daemon and state do not outlive the failure.
+#[test]
+fn a_start_that_fails_after_the_delegate_started_leaves_nothing() {
+    for fault in ["garbled", "daemon-dies", "address-unwritable"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let c = Containerd::start(Guard {
+            delegate: Some(faulty_delegate(tmp.path(), fault)),
+            ..Guard::default()
+        });
+        let out = c.ctr(&[
+            "run",
+            "-d",
+            "--runtime",
+            KT,
+            BUSYBOX,
+            "doomed",
+            "sleep",
+            "60",
+        ]);
+        assert!(!out.status.success(), "{fault}: start must fail");
+        let _ = c.ctr(&["container", "delete", "doomed"]);
+        assert_eq!(
+            c.wait_clean(Duration::from_secs(15)),
+            Vec::<String>::new(),
+            "{fault}"
+        );
+    }
+}

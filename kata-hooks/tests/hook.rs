@@ -176,3 +176,91 @@ fn version_and_usage() {
         .expect("run");
     assert_eq!(code(&out), 2);
 }
+
+/// containerd's ttrpc socket listens but never accepts, its backlog full: publishing the event
+/// gives up within its budget, and in audit mode the container is never failed.
+#[test]
+fn a_containerd_that_never_accepts_never_fails_the_container() {
+    let e = env("audit", false);
+    let socket = e.dir.path().join("ttrpc.sock");
+    let listener = small_listener(&socket);
+    // Fill the listen backlog: a plain connect() would now block.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        match nonblocking_connect(&socket) {
+            Some(s) => held.push(s),
+            None => break,
+        }
+    }
+    assert!(
+        nonblocking_connect(&socket).is_none(),
+        "the backlog is full"
+    );
+    let b = e.bundle("trainer", "0", false);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
+        .env("KATA_TOPO_CONFIG", &e.config)
+        .env("TTRPC_ADDRESS", format!("unix://{}", socket.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run hook");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(e.state(&b, "creating").as_bytes())
+        .expect("write state");
+    // A guard against a hang (the runtime's own hook timeout would kill it), not a timing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the hook hung on a containerd that never accepts");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        e.rules().contains(&"vfio-remote".to_string()),
+        "{:?}",
+        e.rules()
+    );
+    drop(listener);
+}
+
+/// A listener with a backlog of 2 that nobody accepts on.
+fn small_listener(path: &Path) -> std::os::fd::OwnedFd {
+    use nix::sys::socket::{
+        bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+    };
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::empty(),
+        None,
+    )
+    .expect("socket");
+    bind(fd.as_raw_fd(), &UnixAddr::new(path).expect("addr")).expect("bind");
+    listen(&fd, Backlog::new(2).expect("backlog")).expect("listen");
+    fd
+}
+
+fn nonblocking_connect(path: &Path) -> Option<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .ok()?;
+    let addr = UnixAddr::new(path).ok()?;
+    connect(fd.as_raw_fd(), &addr).ok()?;
+    Some(fd)
+}

@@ -10,6 +10,8 @@ pub enum Action {
     Delete,
     /// Run as the wrapper daemon (started by `start`; not for containerd).
     Daemon,
+    /// Wait for an exiting delegate and remove what it leaves (started by `delete`).
+    Reap,
     /// `-v`: print the version.
     Version,
     /// Anything else (`-info`, a future action): handed to the delegate.
@@ -39,6 +41,8 @@ pub struct Args {
     pub config: String,
     /// Daemon only: the group (pod) this daemon serves.
     pub group: String,
+    /// Reaper only: what to clean up once the delegate exited (JSON).
+    pub reap: String,
     /// The positional action word, if any.
     pub action_word: Option<String>,
 }
@@ -90,6 +94,7 @@ impl Args {
                     | "listen-fd"
                     | "config"
                     | "group"
+                    | "reap"
             );
             let value = if takes_value {
                 match inline.clone() {
@@ -115,6 +120,7 @@ impl Args {
                 "listen-fd" => a.listen_fd = Some(number(name, &value)?),
                 "config" => a.config = value,
                 "group" => a.group = value,
+                "reap" => a.reap = value,
                 "v" | "version" => {
                     a.action_word.get_or_insert_with(|| "-v".to_string());
                 }
@@ -130,6 +136,7 @@ impl Args {
             Some("start") => Action::Start,
             Some("delete") => Action::Delete,
             Some("kata-topo-daemon") => Action::Daemon,
+            Some("kata-topo-reap") => Action::Reap,
             Some("-v") => Action::Version,
             _ => Action::Other,
         }

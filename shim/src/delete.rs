@@ -14,6 +14,7 @@
 //! - Nothing runs any more: remove what is left and hand `delete` to the delegate.
 
 use std::io::Write;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -60,16 +61,17 @@ pub fn run(args: &Args) -> ExitCode {
             remove_dead_socket(Path::new(socket_path(&info.address)));
         } else if !pod.wrapper_alive(deadline) {
             remove_dead_socket(Path::new(socket_path(&info.address)));
-            if pod.delegate_serves(deadline) {
+            let process = pod.delegate(deadline);
+            if process.is_some_and(|p| p.is_alive(&config.procfs_root)) {
                 let delegate = Delegate::new(info.delegate_address.clone(), info.delegate_version);
                 let response = cleanup_through_rpcs(&delegate, &args.id, &info.namespace, deadline);
-                pod.forget_task(&args.id, deadline);
+                pod.forget_task(&args.id, process, deadline);
                 if let Some(response) = response {
                     let _ = std::io::stdout().write_all(&response);
                     return ExitCode::SUCCESS;
                 }
             } else {
-                pod.forget_task(&args.id, deadline);
+                pod.forget_task(&args.id, process, deadline);
             }
         }
     }
@@ -109,35 +111,32 @@ impl<'a> Pod<'a> {
         }
     }
 
-    /// The delegate's process, when the daemon recorded it.
-    fn delegate(&self) -> Option<ProcessId> {
-        self.record
+    /// The delegate's process: as the daemon recorded it, else as the delegate itself tells
+    /// when asked (`Connect`) — which only a delegate that serves answers in time.
+    fn delegate(&self, deadline: Instant) -> Option<ProcessId> {
+        let recorded = self
+            .record
             .as_ref()
             .filter(|r| r.delegate_address == self.info.delegate_address)
-            .and_then(|r| r.delegate)
-    }
-
-    /// Whether the delegate runs and serves. From its recorded process; when it was never
-    /// recorded, from whether it answers `Connect` in time.
-    fn delegate_serves(&self, deadline: Instant) -> bool {
-        match self.delegate() {
-            Some(p) => p.is_alive(self.procfs),
-            None => {
-                let d = Delegate::new(
-                    self.info.delegate_address.clone(),
-                    self.info.delegate_version,
-                );
-                let probe = deadline.min(Instant::now() + CALL_TIMEOUT);
-                connect_rpc(&d, &self.info.namespace, probe).is_ok()
-            }
-        }
+            .and_then(|r| r.delegate);
+        recorded.or_else(|| {
+            let d = Delegate::new(
+                self.info.delegate_address.clone(),
+                self.info.delegate_version,
+            );
+            let probe = deadline.min(Instant::now() + CALL_TIMEOUT);
+            let pid = connect_rpc(&d, &self.info.namespace, probe).ok()?.shim_pid;
+            ProcessId::of(self.procfs, pid)
+        })
     }
 
     /// Drops this task's state; once the delegate has gone too, its leftover socket and the
     /// pod's whole state.
-    fn forget_task(&self, id: &str, deadline: Instant) {
-        let delegate_gone = match self.delegate() {
-            Some(p) => wait_exit(p, self.procfs, deadline.min(Instant::now() + CALL_TIMEOUT)),
+    fn forget_task(&self, id: &str, delegate: Option<ProcessId>, deadline: Instant) {
+        // After Shutdown a delegate without tasks exits within moments; what is left of the
+        // budget is spent waiting for that rather than leaving its socket behind.
+        let delegate_gone = match delegate {
+            Some(p) => wait_exit(p, self.procfs, deadline),
             None => false,
         };
         if delegate_gone {
@@ -150,7 +149,58 @@ impl<'a> Pod<'a> {
                 state.remove_task(id)
             };
         }
+        // Out of time, and the delegate still runs (it may be exiting slowly, or serving the
+        // pod's other tasks): a reaper waits for it, off containerd's clock.
+        if let (false, Some(p), Some(state)) = (delegate_gone, delegate, &self.state) {
+            spawn_reaper(&Leftovers {
+                delegate: p,
+                socket: PathBuf::from(socket_path(&self.info.delegate_address)),
+                state_dir: state.dir().to_path_buf(),
+            });
+        }
     }
+}
+
+/// What an exited delegate leaves behind.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Leftovers {
+    delegate: ProcessId,
+    socket: PathBuf,
+    state_dir: PathBuf,
+}
+
+/// How long a reaper waits for the delegate.
+const REAP_WAIT: Duration = Duration::from_secs(60);
+
+fn spawn_reaper(leftovers: &Leftovers) {
+    let (Ok(exe), Ok(json)) = (std::env::current_exe(), serde_json::to_string(leftovers)) else {
+        return;
+    };
+    // Nothing of containerd's: it reads delete's stdout until every copy of it is closed.
+    let _ = Command::new(exe)
+        .args(["-reap", &json, "kata-topo-reap"])
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+}
+
+/// The reaper: waits (bounded) for the delegate to exit, then removes its socket and the
+/// pod's state. A delegate that still serves other tasks after the wait is left alone.
+pub fn reap(args: &Args) -> ExitCode {
+    let Ok(l) = serde_json::from_str::<Leftovers>(&args.reap) else {
+        return ExitCode::FAILURE;
+    };
+    if wait_exit(l.delegate, Path::new("/proc"), Instant::now() + REAP_WAIT) {
+        remove_dead_socket(&l.socket);
+        let _ = std::fs::remove_dir_all(&l.state_dir);
+        if let Some(ns) = l.state_dir.parent() {
+            let _ = std::fs::remove_dir(ns);
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// Waits until a process exits, up to `deadline`.

@@ -36,6 +36,7 @@ pub fn real_main() -> ExitCode {
         Action::Start => crate::start::run(&args),
         Action::Delete => crate::delete::run(&args),
         Action::Daemon => daemon(&args),
+        Action::Reap => crate::delete::reap(&args),
         Action::Version => {
             println!("containerd-shim-kata-topo-v2 {VERSION}");
             ExitCode::SUCCESS

@@ -13,9 +13,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::args::Args;
+use crate::daemon::Delegate;
 use crate::state::GroupState;
-use crate::ttrpc::{socket_path, RuntimeOptions};
+use crate::ttrpc::{socket_path, Client, RuntimeOptions, ShutdownRequest};
 use kata_topo::config::{Config, ENV_CONFIG};
+use kata_topo::process::ProcessId;
+use std::time::{Duration, Instant};
 
 /// Where shims put their sockets (containerd hard-codes it, whatever its `state` setting).
 pub const SOCKET_DIR: &str = "/run/containerd/s";
@@ -304,33 +307,123 @@ pub fn run(args: &Args) -> ExitCode {
         let _ = std::io::stderr().write_all(&output.stderr);
         return ExitCode::from(output.status.code().unwrap_or(1).clamp(1, 255) as u8);
     }
-    let (reply, delegate_address, version) = match Reply::parse(&output.stdout) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+    // The delegate runs now: whatever fails from here on must not leave it, or the daemon
+    // started for it, behind.
+    let mut undo = Undo {
+        delegate: None,
+        fallback_delegate: delegate_socket_address(&args.address, &args.namespace, &group),
+        namespace: args.namespace.clone(),
+        id: args.id.clone(),
+        started: None,
     };
-    if let Err(e) = daemon.hand_over(&delegate_address, version) {
-        return fail(e);
-    }
     let info = BundleInfo {
-        address: address.clone(),
-        delegate_address,
-        delegate_version: version,
+        address,
+        delegate_address: String::new(),
+        delegate_version: 2,
         group,
         namespace: args.namespace.clone(),
         delegate_shim: config.delegate_shim.clone(),
         state_dir: config.state_dir.clone(),
     };
-    let written = std::fs::write(bundle.join("address"), &address).and_then(|()| {
-        std::fs::write(
-            bundle.join(BUNDLE_FILE),
-            serde_json::to_vec(&info).unwrap_or_default(),
-        )
-    });
-    if let Err(e) = written {
-        return fail(format!("kata-topo: cannot write the bundle's address: {e}"));
+    match finish(&bundle, &output.stdout, daemon, &mut undo, info) {
+        Ok(reply) => {
+            let _ = std::io::stdout().write_all(&reply);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            undo.run();
+            fail(e)
+        }
     }
-    let _ = std::io::stdout().write_all(&reply.encode(&address));
-    ExitCode::SUCCESS
+}
+
+/// Hands the delegate over to the daemon, points the bundle at the wrapper (`info` says
+/// where; the delegate's part is filled in here) and gives the reply containerd expects.
+fn finish(
+    bundle: &Path,
+    delegate_reply: &[u8],
+    daemon: Daemon,
+    undo: &mut Undo,
+    mut info: BundleInfo,
+) -> Result<Vec<u8>, String> {
+    if let Daemon::Starting { socket, child, .. } = &daemon {
+        let state = GroupState::at(&info.state_dir, &info.namespace, &info.group);
+        undo.started = Some((socket.clone(), child.id(), state));
+    }
+    let (reply, delegate_address, version) =
+        Reply::parse(delegate_reply).map_err(|e| e.to_string())?;
+    undo.delegate = Some(Delegate::new(delegate_address.clone(), version));
+    daemon.hand_over(&delegate_address, version)?;
+    info.delegate_address = delegate_address;
+    info.delegate_version = version;
+    std::fs::write(bundle.join("address"), &info.address)
+        .and_then(|()| {
+            std::fs::write(
+                bundle.join(BUNDLE_FILE),
+                serde_json::to_vec(&info).unwrap_or_default(),
+            )
+        })
+        .map_err(|e| format!("kata-topo: cannot write the bundle's address: {e}"))?;
+    Ok(reply.encode(&info.address))
+}
+
+/// What a failed `start` undoes once the delegate started.
+struct Undo {
+    /// The delegate, once its reply was understood.
+    delegate: Option<Delegate>,
+    /// Where a shim listens by convention, when its reply was not understood.
+    fallback_delegate: String,
+    namespace: String,
+    id: String,
+    /// The daemon this start spawned: its socket, its pid, the pod's state.
+    started: Option<(PathBuf, u32, GroupState)>,
+}
+
+impl Undo {
+    /// Asks the delegate to shut down (it refuses while it still runs other containers of
+    /// the pod), then makes sure the daemon this start spawned is gone with its socket and
+    /// the pod's state.
+    fn run(self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let delegate = self
+            .delegate
+            .unwrap_or_else(|| Delegate::new(self.fallback_delegate, 2));
+        if let Ok(mut client) = Client::connect(&delegate.address, deadline) {
+            let shutdown = ShutdownRequest {
+                id: self.id.clone(),
+                now: false,
+            };
+            let _ = client.call(
+                delegate.service,
+                "Shutdown",
+                shutdown.encode_to_vec(),
+                &self.namespace,
+                deadline,
+            );
+        }
+        let Some((socket, pid, state)) = self.started else {
+            return;
+        };
+        // Its stdin is closed (or it got the delegate, which is going): it exits by itself.
+        let procfs = Path::new("/proc");
+        if let Some(daemon) = ProcessId::of(procfs, pid) {
+            while daemon.is_alive(procfs) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if !ProcessId::of(procfs, pid).is_some_and(|p| p.is_alive(procfs)) {
+            crate::daemon::remove_dead_socket(&socket);
+            let _ = state.remove_all();
+        }
+    }
+}
+
+/// Where a shim of the containerd shim library listens: `/run/containerd/s/<sha256(containerd
+/// address + "/" + namespace + "/" + group)>`.
+pub fn delegate_socket_address(containerd_address: &str, namespace: &str, group: &str) -> String {
+    let digest = Sha256::digest(format!("{containerd_address}/{namespace}/{group}").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("unix://{SOCKET_DIR}/{hex}")
 }
 
 /// The pod's wrapper daemon as `start` sees it.
@@ -338,7 +431,13 @@ enum Daemon {
     /// Already serving the pod; its record names the delegate it forwards to.
     Running { state: GroupState },
     /// Just started; waiting on its stdin for the delegate's address and version.
-    Starting { stdin: std::process::ChildStdin },
+    Starting {
+        stdin: std::process::ChildStdin,
+        /// Its socket.
+        socket: PathBuf,
+        /// The process (reaped when `start` exits).
+        child: std::process::Child,
+    },
 }
 
 impl Daemon {
@@ -359,7 +458,7 @@ impl Daemon {
                 }
                 Ok(())
             }
-            Self::Starting { mut stdin } => stdin
+            Self::Starting { mut stdin, .. } => stdin
                 .write_all(format!("{delegate_address}\n{version}\n").as_bytes())
                 .map_err(|e| format!("kata-topo: the wrapper daemon did not start: {e}")),
         }
@@ -375,12 +474,8 @@ fn ensure_daemon(
     address: &str,
 ) -> Result<Daemon, String> {
     let path = Path::new(socket_path(address));
-    let state = GroupState::open(&config.state_dir, &args.namespace, group).map_err(|e| {
-        format!(
-            "kata-topo: cannot create state under {} (topology_guard.state_dir): {e}",
-            config.state_dir.display()
-        )
-    })?;
+    // The daemon creates the pod's state; a running one has written its record there.
+    let state = GroupState::at(&config.state_dir, &args.namespace, group);
     if UnixStream::connect(path).is_ok() {
         return Ok(Daemon::Running { state });
     }
@@ -436,7 +531,11 @@ fn ensure_daemon(
         .stdin
         .take()
         .ok_or_else(|| "kata-topo: the wrapper daemon has no stdin".to_string())?;
-    Ok(Daemon::Starting { stdin })
+    Ok(Daemon::Starting {
+        stdin,
+        socket: path.to_path_buf(),
+        child,
+    })
 }
 
 #[cfg(test)]

@@ -197,7 +197,10 @@ impl FileWriter {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let mut w = Self {
+        // Opened by the writer thread at its first line: a hung filesystem must not hold up
+        // whoever creates the logger.
+        reopen.store(true, Ordering::Relaxed);
+        Self {
             dir_path,
             name,
             dir: None,
@@ -207,9 +210,7 @@ impl FileWriter {
             drops,
             reported: [0; 4],
             broken_line: false,
-        };
-        w.open();
-        w
+        }
     }
 
     fn open(&mut self) {

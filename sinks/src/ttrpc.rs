@@ -504,6 +504,11 @@ impl Client {
         }
     }
 
+    /// A client over an open connection whose next stream id is `next_id` (odd).
+    pub fn from_stream(stream: UnixStream, next_id: u32) -> Self {
+        Self { stream, next_id }
+    }
+
     /// The connection, e.g. to wait on it for the peer's end.
     pub fn into_stream(self) -> UnixStream {
         self.stream
