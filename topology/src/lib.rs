@@ -65,4 +65,21 @@ pub(crate) mod testutil {
             self.tree.add_iommufd(name, bdf).expect("add iommufd");
         }
     }
+
+    /// Runs `f` on its own thread and fails the test if it has not returned within a minute:
+    /// a guard against a read that blocks forever (a FIFO), not a measure of speed.
+    pub(crate) fn within_a_minute<T: Send + 'static>(
+        what: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(Ok(value)) => value,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => panic!("{what} did not return: it blocks"),
+        }
+    }
 }
