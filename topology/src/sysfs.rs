@@ -203,15 +203,8 @@ impl Sysfs {
         let Some(path) = self.resolve(rel)? else {
             return Ok(None);
         };
-        let read = || -> io::Result<String> {
-            use std::io::Read;
-            let mut text = String::new();
-            std::fs::File::open(&path)?
-                .take(MAX_ATTR_BYTES)
-                .read_to_string(&mut text)?;
-            Ok(text)
-        };
-        read()
+        // The path is resolved already: a link in its place now was planted since.
+        crate::fsutil::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES)
             .map(|t| Some(t.trim().to_string()))
             .map_err(|source| SysfsError::Io {
                 path: path.clone(),
@@ -394,6 +387,30 @@ mod tests {
             sysfs.devices_of(&VfioRef::Group("5".into())),
             Err(SysfsError::Escapes(_))
         ));
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_in_place_of_an_attribute_is_an_error() {
+        let tree = SysfsTree::new();
+        let a: Bdf = "0000:01:00.0".parse().expect("bdf");
+        let b: Bdf = "0000:01:00.1".parse().expect("bdf");
+        tree.device(a, 0, Some("vfio-pci"), Some("3"));
+        tree.device(b, 0, Some("vfio-pci"), Some("3"));
+        let numa_a = tree.root().join(format!("bus/pci/devices/{a}/numa_node"));
+        std::fs::remove_file(&numa_a).expect("remove");
+        nix::unistd::mkfifo(&numa_a, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let numa_b = tree.root().join(format!("bus/pci/devices/{b}/numa_node"));
+        std::fs::remove_file(&numa_b).expect("remove");
+        std::fs::create_dir(&numa_b).expect("mkdir");
+        let sysfs = Sysfs::new(tree.root());
+        let (ea, eb) = crate::testutil::within_a_minute("reading sysfs", move || {
+            (sysfs.device(a), sysfs.device(b))
+        });
+        let ea = ea.expect_err("fifo");
+        assert!(matches!(ea, SysfsError::Io { .. }), "{ea}");
+        assert!(ea.to_string().contains("numa_node"), "{ea}");
+        assert!(eb.is_err(), "{eb:?}");
     }
 
     #[test]
