@@ -16,6 +16,7 @@ pub mod request;
 pub mod simulate;
 pub mod state;
 pub mod sysfs;
+pub mod text;
 pub mod verdict;
 pub mod vm;
 
@@ -64,6 +65,23 @@ pub(crate) mod testutil {
         pub(crate) fn iommufd(&self, name: &str, bdf: Bdf) {
             self.tree.add_iommufd(name, bdf).expect("add iommufd");
         }
+    }
+
+    /// Strings of up to `max` characters that a hostile pod author might write: any Unicode
+    /// character (proptest's `any::<char>` favours NUL, tab, CR, LF, ESC, DEL, quotes and
+    /// slashes), C1 controls, and the bidirectional overrides and isolates.
+    pub(crate) fn hostile_text(max: usize) -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let c = prop_oneof![
+            4 => any::<char>(),
+            1 => (0x80u32..0xa0).prop_map(|c| char::from_u32(c).unwrap_or('?')),
+            1 => prop::sample::select(vec![
+                '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}',
+                '\u{2067}', '\u{2068}', '\u{2069}', '\u{200e}', '\u{200f}', '\u{061c}',
+                '\u{2028}', '\u{2029}',
+            ]),
+        ];
+        prop::collection::vec(c, 0..=max).prop_map(|v| v.into_iter().collect())
     }
 
     /// Runs `f` on its own thread and fails the test if it has not returned within a minute:
