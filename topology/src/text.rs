@@ -49,6 +49,19 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// An error and its causes on one line, `outer: inner: root`, as people need it (an error's own
+/// message never repeats its source).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,6 +87,18 @@ mod tests {
         // Escapes are not escaped again, and a backslash stays itself.
         assert_eq!(printable("a\\nb"), "a\\nb");
         assert_eq!(printable(&printable("\u{1b}")), "\\u{1b}");
+    }
+
+    #[test]
+    fn error_chain_names_every_cause() {
+        let e = crate::sysfs::SysfsError::Io {
+            path: "/sys/x/numa_node".into(),
+            source: std::io::Error::other("is a FIFO, not a regular file"),
+        };
+        assert_eq!(
+            error_chain(&e),
+            "cannot read /sys/x/numa_node: is a FIFO, not a regular file"
+        );
     }
 
     proptest! {
