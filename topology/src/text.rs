@@ -118,7 +118,7 @@ mod tests {
         fn escaping_can_be_undone(s in hostile_text(64)) {
             // What was escaped is exactly recoverable (no two inputs show the same unless the
             // input itself held what looks like an escape).
-            prop_assume!(!s.contains('\\'));
+            let s: String = s.chars().filter(|&c| c != '\\').collect();
             let shown = printable(&s).into_owned();
             prop_assert_eq!(unescape(&shown), s);
         }
