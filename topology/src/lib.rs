@@ -90,14 +90,38 @@ pub(crate) mod testutil {
         what: &str,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
+        match run_for_a_minute(f) {
+            Some(value) => value,
+            None => panic!("{what} did not return: it blocks"),
+        }
+    }
+
+    /// [`within_a_minute`] for property tests: a case that blocks aborts the test binary at
+    /// once, naming its input, rather than have proptest shrink it a minute per attempt.
+    pub(crate) fn within_a_minute_or_abort<T: Send + 'static>(
+        what: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        match run_for_a_minute(f) {
+            Some(value) => value,
+            None => {
+                // Straight to stderr: the test harness's capture would die with the process.
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "{what} did not return: it blocks");
+                std::process::abort()
+            }
+        }
+    }
+
+    fn run_for_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
         });
         match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(Ok(value)) => value,
+            Ok(Ok(value)) => Some(value),
             Ok(Err(panic)) => std::panic::resume_unwind(panic),
-            Err(_) => panic!("{what} did not return: it blocks"),
+            Err(_) => None,
         }
     }
 }
