@@ -187,8 +187,13 @@ pub fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            // --help and --version print to stdout: a failed write is exit 2 as elsewhere.
+            let printed = e.print();
+            return ExitCode::from(if e.use_stderr() || printed.is_err() {
+                2
+            } else {
+                0
+            });
         }
     };
     let result = match cli.command {

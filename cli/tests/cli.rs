@@ -696,6 +696,16 @@ fn a_closed_or_full_stdout_ends_quietly_with_exit_2() {
     }
     // The same status with a working stdout exits 1 (a finding): 2 above is the output's.
     assert_eq!(code(&kata_topo(&["status", "--state-dir", s(&state)])), 1);
+    // --help and --version (clap prints them) too.
+    for flag in ["--version", "--help"] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let (code, err) = kata_topo_guarded(&[flag], Stdio::null(), Stdio::from(full));
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }
 
 fn assert_no_control(text: &str) {
