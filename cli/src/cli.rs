@@ -2,9 +2,9 @@
 //! 2 bad usage or unreadable input (one line on stderr), or standard output that cannot be
 //! written (nothing on stderr for a closed pipe, one line otherwise).
 //!
-//! Every input is read through [`kata_topo::fsutil`]: bounded, and a regular file (or `-`,
-//! standard input, for `--spec`, `--update` or `--baseline`); anything else is exit 2 naming
-//! the file and what it is.
+//! Every input file is read through [`kata_topo::fsutil`]: bounded, and a regular file (or
+//! `-`, standard input, for `--spec`, `--update` or `--baseline`); anything else is exit 2
+//! naming the file and what it is.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
