@@ -15,10 +15,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use nix::fcntl::OFlag;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 /// Whether a symbolic link in the last component of a path is followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +30,8 @@ pub enum Symlinks {
     Refuse,
 }
 
-/// Opens `path` for reading without blocking and checks that it is a regular file.
-///
-/// The returned file may still have `O_NONBLOCK` set, which has no effect on regular files.
+/// Opens `path` for reading without blocking and checks that it is a regular file; the file
+/// returned reads in blocking mode.
 pub fn open_regular(path: &Path, symlinks: Symlinks) -> io::Result<File> {
     let mut flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
     if symlinks == Symlinks::Refuse {
@@ -55,6 +55,11 @@ pub fn open_regular(path: &Path, symlinks: Symlinks) -> io::Result<File> {
         })?;
     let file_type = file.metadata()?.file_type();
     if file_type.is_file() {
+        // Back to blocking reads: O_NONBLOCK was for the open, and a network or FUSE file
+        // system may honour it on a regular file with EAGAIN.
+        let fd = file.as_raw_fd();
+        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+        fcntl(fd, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
         return Ok(file);
     }
     let what = if file_type.is_fifo() {
@@ -226,6 +231,17 @@ mod tests {
                 .to_string()
                 .contains("FIFO")
         );
+    }
+
+    #[test]
+    fn the_file_returned_reads_in_blocking_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("f");
+        std::fs::write(&p, "x").expect("write");
+        let f = open_regular(&p, Symlinks::Refuse).expect("open");
+        let flags =
+            OFlag::from_bits_truncate(fcntl(f.as_raw_fd(), FcntlArg::F_GETFL).expect("flags"));
+        assert!(!flags.contains(OFlag::O_NONBLOCK), "{flags:?}");
     }
 
     #[test]
