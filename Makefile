@@ -20,13 +20,14 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration bench demo demo-cli \
+.PHONY: help deps build build-all build-release test lint unit integration bench fuzz demo demo-cli \
 	install uninstall vagrant-test clean
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make bench  - benchmarks (not tests)"
+	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
@@ -51,8 +52,19 @@ lint: deps
 build-all: deps
 	$(CARGO) build --workspace --locked --bins
 
+# Property tests (proptest) run TEST_CASES cases each here, FUZZ_CASES in `make fuzz`.
+TEST_CASES ?= 256
+FUZZ_CASES ?= 100000
+# The sysfs property test builds a directory tree per case: a tmpfs keeps that fast.
+FUZZ_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,/tmp)
+
 unit: deps
-	$(CARGO) test --workspace --locked --exclude kata-topo-integration
+	PROPTEST_CASES=$(TEST_CASES) $(CARGO) test --workspace --locked --exclude kata-topo-integration
+
+# The unit tests again, release-built, with many more cases for every property test.
+fuzz: deps
+	PROPTEST_CASES=$(FUZZ_CASES) TMPDIR=$(FUZZ_TMPDIR) $(CARGO) test --workspace --locked \
+	  --exclude kata-topo-integration --release --lib --bins
 
 # Root, a real containerd per test; one test at a time so leak checks see only their own.
 integration: build-all

@@ -1,20 +1,33 @@
 //! Argument parsing and the subcommands. Exit codes: 0 no `error` finding, 1 at least one,
-//! 2 bad usage or unreadable input (one line on stderr).
+//! 2 bad usage or unreadable input (one line on stderr), or standard output that cannot be
+//! written (nothing on stderr for a closed pipe, one line otherwise).
+//!
+//! Every input file is read through [`kata_topo::fsutil`]: bounded, and a regular file (or
+//! `-`, standard input, for `--spec`, `--update` or `--baseline`); anything else is exit 2
+//! naming the file and what it is.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use kata_topo::fsutil;
 use kata_topo::host::Locality;
 use kata_topo::kata::KataConfig;
-use kata_topo::request::RequestError;
+use kata_topo::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
+use kata_topo::text::printable;
 use kata_topo::vm::VmView;
 use kata_topo::{
     Baseline, Checker, ContainerSpec, Defaults, Host, Mode, Overrides, Policy, Request, Resources,
     Sysfs, TopologySource,
 };
 use serde::Serialize;
+
+use crate::out::{self, outln, StdoutGone};
+
+/// The largest baseline accepted (one is a few hundred bytes).
+const MAX_BASELINE_BYTES: u64 = 1024 * 1024;
 
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -174,8 +187,13 @@ pub fn run() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            // --help and --version print to stdout: a failed write is exit 2 as elsewhere.
+            let printed = e.print();
+            return ExitCode::from(if e.use_stderr() || printed.is_err() {
+                2
+            } else {
+                0
+            });
         }
     };
     let result = match cli.command {
@@ -188,14 +206,21 @@ pub fn run() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kata-topo: {}", one_line(&e));
+            match e.downcast_ref::<StdoutGone>() {
+                Some(gone) if gone.is_closed_pipe() => {}
+                _ => {
+                    // stderr may be gone too: nothing more to do then.
+                    let _ = writeln!(std::io::stderr(), "kata-topo: {}", one_line(&e));
+                }
+            }
             ExitCode::from(2)
         }
     }
 }
 
+/// The error and its causes on one line, escaped (a cause may quote a file's content).
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    printable(&format!("{e:#}")).into_owned()
 }
 
 #[derive(Serialize)]
@@ -280,9 +305,9 @@ fn topology(args: &TopologyArgs) -> Result<ExitCode> {
         pci_devices,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        out::json(&serde_json::to_string_pretty(&view)?)?;
     } else {
-        print!("{}", human_topology(&view));
+        out::lines(&human_topology(&view))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -290,7 +315,9 @@ fn topology(args: &TopologyArgs) -> Result<ExitCode> {
 fn human_topology(view: &TopologyView) -> String {
     let mut out = format!(
         "host: {} (fingerprint {})\nonline CPUs: {}",
-        view.source, view.fingerprint, view.online_cpus
+        printable(&view.source),
+        view.fingerprint,
+        view.online_cpus
     );
     if !view.offline_cpus.is_empty() {
         out.push_str(&format!("  offline: {}", view.offline_cpus));
@@ -309,7 +336,7 @@ fn human_topology(view: &TopologyView) -> String {
             n.memory_bytes >> 20,
             n.subtype
                 .as_deref()
-                .map(|s| format!("  [{s}]"))
+                .map(|s| format!("  [{}]", printable(s)))
                 .unwrap_or_default()
         ));
     }
@@ -334,39 +361,68 @@ fn human_topology(view: &TopologyView) -> String {
             nodes,
             d.vfio_group
                 .as_deref()
-                .map(|g| format!("  vfio group {g}"))
+                .map(|g| format!("  vfio group {}", printable(g)))
                 .unwrap_or_default()
         ));
     }
     out
 }
 
-fn read_spec(path: &Path) -> Result<ContainerSpec> {
-    ContainerSpec::from_file(path).map_err(|e| spec_error(e, path))
+/// `-`: standard input.
+fn is_stdin(path: &Path) -> bool {
+    path.as_os_str() == "-"
 }
 
-fn spec_error(e: RequestError, path: &Path) -> anyhow::Error {
-    match e {
-        RequestError::Read { .. } => anyhow::Error::new(e),
-        other => anyhow::Error::new(other).context(format!("in {}", path.display())),
+/// Reads one input whole: standard input for `-`, else a regular file; at most `limit` bytes.
+fn read_input(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    if is_stdin(path) {
+        fsutil::read_to_limit(std::io::stdin().lock(), limit)
+            .with_context(|| format!("cannot read {what} from standard input"))
+    } else {
+        fsutil::read_bounded(path, limit)
+            .with_context(|| format!("cannot read {what} {}", path.display()))
     }
 }
 
+fn input_name(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
+fn spec_error(e: RequestError, path: &Path) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!("in {}", input_name(path)))
+}
+
 fn check(args: &CheckArgs) -> Result<ExitCode> {
-    let spec = read_spec(&args.spec)?;
+    let from_stdin = [
+        Some(&args.spec),
+        args.update.as_ref(),
+        args.baseline.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|p| is_stdin(p))
+    .count();
+    if from_stdin > 1 {
+        anyhow::bail!("only one of --spec, --update and --baseline can be `-` (standard input)");
+    }
+    let spec = ContainerSpec::from_json(&read_input(&args.spec, MAX_SPEC_BYTES, "OCI spec")?)
+        .map_err(|e| spec_error(e, &args.spec))?;
     let update = match &args.update {
-        Some(path) => Some(Resources::from_file(path).map_err(|e| spec_error(e, path))?),
+        Some(path) => Some(
+            Resources::from_json(&read_input(path, MAX_RESOURCES_BYTES, "LinuxResources")?)
+                .map_err(|e| spec_error(e, path))?,
+        ),
         None => None,
     };
     let baseline: Option<Baseline> = match &args.baseline {
-        Some(path) => {
-            let text = std::fs::read(path)
-                .with_context(|| format!("cannot read baseline {}", path.display()))?;
-            Some(
-                serde_json::from_slice(&text)
-                    .with_context(|| format!("baseline {} is not valid", path.display()))?,
-            )
-        }
+        Some(path) => Some(
+            serde_json::from_slice(&read_input(path, MAX_BASELINE_BYTES, "baseline")?)
+                .with_context(|| format!("baseline {} is not valid", input_name(path)))?,
+        ),
         None => None,
     };
     let kata = match &args.kata_config {
@@ -399,9 +455,9 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
         vm: view.as_ref(),
     });
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&verdict)?);
+        out::json(&serde_json::to_string_pretty(&verdict)?)?;
     } else {
-        print!("{}", verdict.human());
+        out::lines(&verdict.human())?;
     }
     Ok(if verdict.has_error() {
         ExitCode::from(1)
@@ -413,20 +469,22 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
 fn vm(args: &VmArgs) -> Result<ExitCode> {
     let view = VmView::read(&args.procfs, args.pid)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        out::json(&serde_json::to_string_pretty(&view)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("VMM pid {} ({})", view.pid, view.comm);
+    outln!("VMM pid {} ({})", view.pid, view.comm);
     if view.vcpu_threads_named {
-        println!("vCPU threads: {}", view.vcpus.len());
+        outln!("vCPU threads: {}", view.vcpus.len());
         for v in &view.vcpus {
-            println!(
+            outln!(
                 "  vCPU {:<3} tid {:<8} host CPUs {}",
-                v.index, v.tid, v.allowed_cpus
+                v.index,
+                v.tid,
+                v.allowed_cpus
             );
         }
     } else {
-        println!(
+        outln!(
             "vCPU threads: not identifiable (no thread named \"CPU n/KVM\": start QEMU with \
              -name <name>,debug-threads=on)"
         );
@@ -436,12 +494,12 @@ fn vm(args: &VmArgs) -> Result<ExitCode> {
         .iter()
         .map(|(p, n)| format!("{p} ×{n}"))
         .collect();
-    println!("memory policy (numa_maps): {}", policies.join(", "));
+    outln!("memory policy (numa_maps): {}", policies.join(", "));
     if !view.memory_nodes.is_empty() {
-        println!("memory bound to host nodes: {}", view.memory_nodes);
+        outln!("memory bound to host nodes: {}", view.memory_nodes);
     }
     for g in &view.guest_nodes {
-        println!(
+        outln!(
             "guest node {}: memdev {} host nodes {} policy {}",
             g.node_id,
             g.memdev.as_deref().unwrap_or("-"),
@@ -464,15 +522,12 @@ fn status(args: &StatusArgs) -> Result<ExitCode> {
         .sum();
     let unreadable: usize = pods.iter().map(|p| p.unreadable.len()).sum();
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "sandboxes": pods, "findings": findings, "unreadable": unreadable
-            }))?
-        );
+        out::json(&serde_json::to_string_pretty(&serde_json::json!({
+            "sandboxes": pods, "findings": findings, "unreadable": unreadable
+        }))?)?;
     } else {
         if pods.is_empty() {
-            println!(
+            outln!(
                 "no sandbox watched (state directory {})",
                 args.state_dir.display()
             );
@@ -491,7 +546,7 @@ fn status(args: &StatusArgs) -> Result<ExitCode> {
                     )
                 })
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "sandbox {} ({}){pod}: {} container baseline(s), {} task(s)",
                 p.sandbox_id,
                 p.namespace,
@@ -499,7 +554,7 @@ fn status(args: &StatusArgs) -> Result<ExitCode> {
                 p.tasks.len()
             );
             for (name, b) in &p.containers {
-                println!(
+                outln!(
                     "  baseline {name}: cpus {} on node {}, {} VFIO device(s)",
                     b.cpus.as_ref().map_or("-".to_string(), ToString::to_string),
                     if b.cpu_nodes.is_empty() {
@@ -512,17 +567,20 @@ fn status(args: &StatusArgs) -> Result<ExitCode> {
             }
             for (task, v) in &p.verdicts {
                 for f in &v.findings {
-                    println!(
+                    outln!(
                         "  {task} {} {} {}: {}",
-                        v.operation, f.severity, f.rule, f.message
+                        v.operation,
+                        f.severity,
+                        f.rule,
+                        f.message
                     );
                 }
             }
             for u in &p.unreadable {
-                println!("  unreadable: {u}");
+                outln!("  unreadable: {u}");
             }
         }
-        println!("{findings} finding(s)");
+        outln!("{findings} finding(s)");
     }
     Ok(ExitCode::from(if unreadable > 0 {
         2
@@ -544,7 +602,6 @@ fn events(args: &EventsArgs) -> Result<ExitCode> {
     use containerd_client::services::v1::events_client::EventsClient;
     use containerd_client::services::v1::SubscribeRequest;
     use prost::Message;
-    use std::io::Write;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -553,7 +610,9 @@ fn events(args: &EventsArgs) -> Result<ExitCode> {
     rt.block_on(async {
         let channel = containerd_client::connect(&args.address)
             .await
-            .with_context(|| format!("cannot connect to containerd at {}", args.address.display()))?;
+            .with_context(|| {
+                format!("cannot connect to containerd at {}", args.address.display())
+            })?;
         let mut filter = r#"topic~="^/kata-topo/""#.to_string();
         if let Some(ns) = &args.namespace {
             filter.push_str(&format!(",namespace=={ns}"));
@@ -565,7 +624,6 @@ fn events(args: &EventsArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot subscribe to events at {}", args.address.display()))?
             .into_inner();
-        let mut out = std::io::stdout();
         while let Some(envelope) = stream
             .message()
             .await
@@ -577,22 +635,98 @@ fn events(args: &EventsArgs) -> Result<ExitCode> {
                 .and_then(|any| StringValue::decode(any.value.as_slice()).ok())
                 .map(|s| s.value)
                 .unwrap_or_default();
-            let verdict: Option<kata_topo::Verdict> = serde_json::from_str(&payload).ok();
-            let line = match (args.json, verdict) {
-                (true, Some(_)) => payload,
-                (true, None) => serde_json::json!({"topic": envelope.topic, "namespace": envelope.namespace, "payload": payload}).to_string(),
-                (false, Some(v)) => format!(
-                    "{} {} {}",
-                    envelope.namespace,
-                    envelope.topic,
-                    v.human().trim_end().replace('\n', "\n    ")
-                ),
-                (false, None) => format!("{} {} {payload}", envelope.namespace, envelope.topic),
-            };
-            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-                break;
+            if args.json {
+                out::json(&event_json(&envelope.namespace, &envelope.topic, &payload))?;
+            } else {
+                out::lines(&event_human(&envelope.namespace, &envelope.topic, &payload))?;
             }
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// An event for `events --json`: a verdict as one compact line (whatever white space its
+/// publisher used), anything else wrapped with its topic and namespace.
+fn event_json(namespace: &str, topic: &str, payload: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(payload) {
+        Ok(v) if serde_json::from_value::<kata_topo::Verdict>(v.clone()).is_ok() => v.to_string(),
+        _ => serde_json::json!({"topic": topic, "namespace": namespace, "payload": payload})
+            .to_string(),
+    }
+}
+
+/// An event for people: the namespace, the topic and the verdict's lines (indented), every
+/// value escaped.
+fn event_human(namespace: &str, topic: &str, payload: &str) -> String {
+    let body = match serde_json::from_str::<kata_topo::Verdict>(payload) {
+        Ok(v) => v.human().trim_end().replace('\n', "\n    "),
+        Err(_) => printable(payload).into_owned(),
+    };
+    format!("{} {} {body}\n", printable(namespace), printable(topic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTILE: &str = "p\u{1b}]0;owned\u{7}\nerror forged-rule: \u{202e}fine";
+
+    fn verdict_payload(pretty: bool) -> String {
+        let v = serde_json::json!({
+            "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c",
+            "container_name": "app", "pod": {"name": HOSTILE, "namespace": "ml", "uid": null},
+            "policy": "restricted", "mode": "audit", "decision": "allow",
+            "findings": [{"rule": "vfio-remote", "severity": "error",
+                          "message": format!("remote\r\n{HOSTILE}"),
+                          "expected": {}, "observed": {}}]
+        });
+        if pretty {
+            serde_json::to_string_pretty(&v).expect("json")
+        } else {
+            v.to_string()
+        }
+    }
+
+    fn has_control(text: &str) -> bool {
+        text.chars()
+            .any(|c| c != '\n' && kata_topo::text::needs_escape(c))
+    }
+
+    #[test]
+    fn human_events_show_a_verdict_escaped() {
+        let text = event_human(
+            "k8s.io\u{1b}[1m",
+            "/kata-topo/mismatch",
+            &verdict_payload(false),
+        );
+        assert!(!has_control(&text), "{text:?}");
+        // The header line and one finding line, nothing forged in between.
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.starts_with("k8s.io\\u{1b}[1m /kata-topo/mismatch update (cpuset): "));
+        assert!(text.contains("pod=ml/p\\u{1b}]0;owned\\u{7}\\nerror forged-rule"));
+        assert!(
+            text.contains("\n      error vfio-remote: remote\\r\\np"),
+            "{text}"
+        );
+        // Not a verdict: the payload itself, escaped.
+        let text = event_human("ns", "/kata-topo/other", HOSTILE);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(!has_control(&text), "{text:?}");
+    }
+
+    #[test]
+    fn json_events_are_one_line_each_and_keep_the_values() {
+        for pretty in [false, true] {
+            let line = event_json("ns", "/kata-topo/mismatch", &verdict_payload(pretty));
+            assert!(!line.contains('\n'), "{line}");
+            let back: serde_json::Value = serde_json::from_str(&line).expect("json");
+            assert_eq!(back["pod"]["name"], HOSTILE);
+            assert_eq!(back["findings"][0]["rule"], "vfio-remote");
+        }
+        let line = event_json("ns", "/kata-topo/other", HOSTILE);
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line}");
+        let back: serde_json::Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(back["payload"], HOSTILE);
+        assert_eq!(back["topic"], "/kata-topo/other");
+    }
 }

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 mod cli;
+mod out;
 
 fn main() -> ExitCode {
     cli::run()

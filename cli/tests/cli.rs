@@ -2,7 +2,8 @@
 //! bundled scenario, and hwloc's Linux backend on real sysfs/procfs snapshots.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -444,4 +445,341 @@ fn status_exit_codes_for_node_problem_detector() {
     assert_eq!(json["sandboxes"][0]["sandbox_id"], "sb1");
     std::fs::write(g.dir().join("verdicts/c2.json"), "{").expect("corrupt");
     assert_eq!(code(&kata_topo(&["status", "--state-dir", s(&state)])), 2);
+}
+
+/// Runs kata-topo with `stdin` and `stdout` as given (stderr to a file) and fails the test if it
+/// has not exited within a minute: a guard against an input that blocks forever, not a
+/// measure of speed.
+fn kata_topo_guarded(args: &[&str], stdin: Stdio, stdout: Stdio) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err_path = dir.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(args)
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("run kata-topo");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kata-topo {args:?} did not exit: it blocks");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&err_path).expect("stderr");
+    (status.code().expect("exit code, not a signal"), err)
+}
+
+fn guarded(args: &[&str]) -> (i32, String) {
+    kata_topo_guarded(args, Stdio::null(), Stdio::null())
+}
+
+fn mkfifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+}
+
+/// Exit 2 with exactly one line on stderr that holds every one of `words`.
+fn assert_refused(code: i32, err: &str, words: &[&str]) {
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for w in words {
+        assert!(err.contains(w), "{w:?} not in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_fifo_as_any_input_is_refused_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("input.json");
+    mkfifo(&fifo);
+    let fifo = s(&fifo);
+    let host = scenario("two-node-host.xml");
+    let spec = scenario("trainer.json");
+    for args in [
+        vec!["check", "--spec", fifo],
+        vec!["check", "--spec", s(&spec), "--update", fifo],
+        vec!["check", "--spec", s(&spec), "--baseline", fifo],
+        vec!["check", "--spec", s(&spec), "--kata-config", fifo],
+        vec!["check", "--spec", s(&spec), "--topology", fifo],
+        vec!["topology", "--topology", fifo],
+    ] {
+        let mut args = args;
+        if args[0] == "check" && !args.contains(&"--topology") {
+            args.extend(["--topology", s(&host)]);
+        }
+        let (code, err) = guarded(&args);
+        assert_refused(code, &err, &[fifo, "is a FIFO, not a regular file"]);
+    }
+}
+
+#[test]
+fn a_fifo_inside_the_sysfs_root_is_refused_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = kata_topo::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
+    let gpu = "0000:b7:00.0".parse().expect("bdf");
+    tree.add_device(gpu, 1, Some("vfio-pci"), Some("42"))
+        .expect("device");
+    let numa_node = tree
+        .root()
+        .join("devices/pci0000:b7/0000:b7:00.0/numa_node");
+    std::fs::remove_file(&numa_node).expect("remove");
+    mkfifo(&numa_node);
+    let host = scenario("two-node-host.xml");
+    let (code, err) = guarded(&[
+        "topology",
+        "--topology",
+        s(&host),
+        "--sysfs",
+        s(tree.root()),
+    ]);
+    assert_refused(code, &err, &["0000:b7:00.0", "numa_node", "FIFO"]);
+    // check reports what it could not read as a finding, and ends.
+    let out_path = dir.path().join("out.json");
+    let (code, err) = kata_topo_guarded(
+        &[
+            "check",
+            "--spec",
+            s(&scenario("trainer.json")),
+            "--topology",
+            s(&host),
+            "--sysfs",
+            s(tree.root()),
+            "--json",
+        ],
+        Stdio::null(),
+        Stdio::from(std::fs::File::create(&out_path).expect("out")),
+    );
+    assert_ne!(code, 2, "{err}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&out_path).expect("out")).expect("json");
+    assert!(
+        v["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .any(|f| f["message"].as_str().is_some_and(|m| m.contains("FIFO"))),
+        "{v}"
+    );
+}
+
+#[test]
+fn endless_and_oversized_inputs_are_refused() {
+    let spec = scenario("trainer.json");
+    let host = scenario("two-node-host.xml");
+    let (code, err) = guarded(&[
+        "check",
+        "--spec",
+        s(&spec),
+        "--topology",
+        s(&host),
+        "--baseline",
+        "/dev/zero",
+    ]);
+    assert_refused(
+        code,
+        &err,
+        &[
+            "baseline /dev/zero",
+            "is a character device, not a regular file",
+        ],
+    );
+    // A regular file over the limit is refused before it is parsed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = dir.path().join("baseline.json");
+    std::fs::write(&big, vec![b' '; 2 * 1024 * 1024]).expect("write");
+    let (code, err) = guarded(&[
+        "check",
+        "--spec",
+        s(&spec),
+        "--topology",
+        s(&host),
+        "--baseline",
+        s(&big),
+    ]);
+    assert_refused(code, &err, &[s(&big), "larger than 1048576 bytes"]);
+    // A directory.
+    let (code, err) = guarded(&["check", "--spec", s(dir.path()), "--topology", s(&host)]);
+    assert_refused(code, &err, &["is a directory"]);
+    // Standard input is read, and bounded too.
+    let zero = std::fs::File::open("/dev/zero").expect("/dev/zero");
+    let (code, err) = kata_topo_guarded(
+        &["check", "--spec", "-", "--topology", s(&host)],
+        Stdio::from(zero),
+        Stdio::null(),
+    );
+    assert_refused(
+        code,
+        &err,
+        &["OCI spec from standard input", "larger than 16777216 bytes"],
+    );
+    let (code, err) = kata_topo_guarded(
+        &["check", "--spec", "-", "--topology", s(&host)],
+        Stdio::from(std::fs::File::open(&spec).expect("spec")),
+        Stdio::null(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = guarded(&[
+        "check",
+        "--spec",
+        "-",
+        "--update",
+        "-",
+        "--topology",
+        s(&host),
+    ]);
+    assert_refused(code, &err, &["only one of --spec, --update and --baseline"]);
+}
+
+/// A state directory with one finding, for `status`.
+fn state_with_a_finding(pod_name: &str, message: &str) -> (tempfile::TempDir, PathBuf) {
+    use kata_topo::state::GroupState;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let g = GroupState::open(&state, "k8s.io", "sb1").expect("state");
+    let verdict = serde_json::json!({
+        "operation": "update", "class": "cpuset", "sandbox_id": "sb1", "container_id": "c1",
+        "container_name": "trainer", "pod": {"name": pod_name, "namespace": "ml", "uid": null},
+        "policy": "restricted", "mode": "audit", "decision": "allow",
+        "findings": [{"rule": "vfio-remote", "severity": "error", "message": message,
+                      "expected": {}, "observed": {}}]
+    });
+    g.save_verdict("c1", &serde_json::from_value(verdict).expect("verdict"))
+        .expect("save");
+    (dir, state)
+}
+
+#[test]
+fn a_closed_or_full_stdout_ends_quietly_with_exit_2() {
+    let (_dir, state) = state_with_a_finding("p", "GPU is remote");
+    let xml = fixture("xml/nvidiaDGX2.xml");
+    let spec = scenario("trainer.json");
+    let host = scenario("two-node-host.xml");
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["status", "--state-dir", s(&state)],
+        vec!["status", "--state-dir", s(&state), "--json"],
+        vec!["topology", "--topology", s(&xml)],
+        vec!["topology", "--topology", s(&xml), "--json"],
+        vec!["check", "--spec", s(&spec), "--topology", s(&host)],
+        vec![
+            "check",
+            "--spec",
+            s(&spec),
+            "--topology",
+            s(&host),
+            "--json",
+        ],
+    ];
+    for args in &commands {
+        // A pipe whose reader is gone before kata-topo writes: every write fails (EPIPE).
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let (code, err) = kata_topo_guarded(args, Stdio::null(), Stdio::from(writer));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err, "", "{args:?}: a closed pipe is not worth a word");
+
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let (code, err) = kata_topo_guarded(args, Stdio::null(), Stdio::from(full));
+        assert_refused(
+            code,
+            &err,
+            &["cannot write to standard output", "No space left on device"],
+        );
+    }
+    // The same status with a working stdout exits 1 (a finding): 2 above is the output's.
+    assert_eq!(code(&kata_topo(&["status", "--state-dir", s(&state)])), 1);
+    // --help and --version (clap prints them) too.
+    for flag in ["--version", "--help"] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let (code, err) = kata_topo_guarded(&[flag], Stdio::null(), Stdio::from(full));
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+fn assert_no_control(text: &str) {
+    assert!(
+        !text
+            .chars()
+            .any(|c| c != '\n' && kata_topo::text::needs_escape(c)),
+        "{text:?}"
+    );
+}
+
+/// What a pod author could put in an annotation to forge a line in an operator's terminal.
+const FORGED: &str = "gpu\u{1b}[2K\r\nerror forged-rule: all fine \u{202e}\u{9b}31m";
+const FORGED_SHOWN: &str = "gpu\\u{1b}[2K\\r\\nerror forged-rule: all fine \\u{202e}\\u{9b}31m";
+
+#[test]
+fn annotations_show_escaped_in_human_output_and_intact_in_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(scenario("trainer.json")).expect("read"))
+            .expect("json");
+    spec["annotations"]["io.kubernetes.cri.sandbox-name"] = Value::from(FORGED);
+    spec["annotations"]["kata-topo.io/mode"] = Value::from(FORGED);
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, spec.to_string()).expect("write");
+
+    let out = check(&["--spec", s(&path)]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert_no_control(&text);
+    // The header and the one intent-invalid finding: nothing forged.
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains(&format!("pod=ml/{FORGED_SHOWN} ")), "{text}");
+    assert!(text.contains("intent-invalid"), "{text}");
+
+    let v = stdout_json(&check(&["--spec", s(&path), "--json"]));
+    assert_eq!(v["pod"]["name"], FORGED);
+
+    let (_state_dir, state) = state_with_a_finding(FORGED, &format!("remote\n{FORGED}"));
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert_no_control(&text);
+    // The sandbox, its one finding, the count.
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(text.contains(&format!(" pod ml/{FORGED_SHOWN}:")), "{text}");
+    assert!(
+        text.contains(&format!("vfio-remote: remote\\n{FORGED_SHOWN}\n")),
+        "{text}"
+    );
+    let json = stdout_json(&kata_topo(&["status", "--state-dir", s(&state), "--json"]));
+    let verdict = &json["sandboxes"][0]["verdicts"][0][1];
+    assert_eq!(verdict["pod"]["name"], FORGED);
+    assert_eq!(
+        verdict["findings"][0]["message"],
+        format!("remote\n{FORGED}")
+    );
+}
+
+#[test]
+fn a_fifo_in_the_state_directory_is_unreadable_state() {
+    let (_dir, state) = state_with_a_finding("p", "m");
+    mkfifo(&state.join("k8s.io/sb1/verdicts/c2.json"));
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let out_path = out_dir.path().join("out");
+    let (code, err) = kata_topo_guarded(
+        &["status", "--state-dir", s(&state)],
+        Stdio::null(),
+        Stdio::from(std::fs::File::create(&out_path).expect("out")),
+    );
+    assert_eq!(code, 2, "{err}");
+    let text = std::fs::read_to_string(&out_path).expect("out");
+    assert!(
+        text.contains("unreadable: ") && text.contains("c2.json: is a FIFO"),
+        "{text}"
+    );
 }

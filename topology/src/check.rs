@@ -245,7 +245,7 @@ impl<'h> Checker<'h> {
             Err(e) => {
                 return vec![Device::Failed {
                     path,
-                    reason: e.to_string(),
+                    reason: crate::text::error_chain(&e),
                 }]
             }
         };
@@ -269,7 +269,7 @@ impl<'h> Checker<'h> {
                 },
                 Err(e) => Device::Failed {
                     path: path.clone(),
-                    reason: e.to_string(),
+                    reason: crate::text::error_chain(&e),
                 },
             })
             .collect()

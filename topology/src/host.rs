@@ -45,12 +45,10 @@ pub enum HostError {
         source: std::io::Error,
     },
     /// The XML file is too large to be a topology.
-    #[error("topology file {path} is {size} bytes, more than the {MAX_XML_BYTES} accepted")]
+    #[error("topology file {path} is larger than the {MAX_XML_BYTES} bytes accepted")]
     TooLarge {
         /// The file.
         path: PathBuf,
-        /// Its size.
-        size: u64,
     },
     /// hwloc refused the input or failed to build the topology.
     #[error("hwloc could not load the topology from {source_name}: {reason}")]
@@ -216,37 +214,35 @@ impl Host {
             TopologySource::Live => "the live machine".to_string(),
             TopologySource::Xml(path) => path.display().to_string(),
         };
-        if let TopologySource::Xml(path) = source {
-            let meta = std::fs::metadata(path).map_err(|source| HostError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            if !meta.is_file() {
-                return Err(HostError::Read {
-                    path: path.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file"),
-                });
-            }
-            if meta.len() > MAX_XML_BYTES {
-                return Err(HostError::TooLarge {
-                    path: path.clone(),
-                    size: meta.len(),
-                });
-            }
-        }
+        let xml = match source {
+            TopologySource::Live => None,
+            TopologySource::Xml(path) => Some(
+                crate::fsutil::read_text_bounded(path, MAX_XML_BYTES).map_err(|source| {
+                    if source.kind() == std::io::ErrorKind::FileTooLarge {
+                        HostError::TooLarge { path: path.clone() }
+                    } else {
+                        HostError::Read {
+                            path: path.clone(),
+                            source,
+                        }
+                    }
+                })?,
+            ),
+        };
         // hwlocality treats some hwloc answers as impossible and panics on them; a checker
         // must turn even that into an error.
-        let built = std::panic::catch_unwind(|| build_topology(source)).map_err(|panic| {
-            let reason = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
-                .unwrap_or_else(|| "hwloc binding failed".to_string());
-            HostError::Hwloc {
-                source_name: source_name.clone(),
-                reason,
-            }
-        })?;
+        let built =
+            std::panic::catch_unwind(|| build_topology(xml.as_deref())).map_err(|panic| {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                    .unwrap_or_else(|| "hwloc binding failed".to_string());
+                HostError::Hwloc {
+                    source_name: source_name.clone(),
+                    reason,
+                }
+            })?;
         let topology = built.map_err(|reason| HostError::Hwloc {
             source_name: source_name.clone(),
             reason,
@@ -410,10 +406,12 @@ impl Host {
     }
 }
 
-fn build_topology(source: &TopologySource) -> Result<Topology, String> {
+/// The live machine, or the XML text of an export (read through the bounded reader, so hwloc
+/// never opens a file itself).
+fn build_topology(xml: Option<&str>) -> Result<Topology, String> {
     let mut builder = Topology::builder();
-    if let TopologySource::Xml(path) = source {
-        builder = builder.from_xml_file(path).map_err(|e| e.to_string())?;
+    if let Some(xml) = xml {
+        builder = builder.from_xml(xml).map_err(|e| e.to_string())?;
     }
     builder
         .with_flags(BuildFlags::INCLUDE_DISALLOWED)
@@ -513,6 +511,33 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topology_xml_must_be_a_regular_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("host.xml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        for (path, what) in [
+            (fifo, "FIFO"),
+            (PathBuf::from("/dev/zero"), "character device"),
+        ] {
+            let shown = path.clone();
+            let err = crate::testutil::within_a_minute("loading a topology", move || {
+                Host::load(&TopologySource::Xml(path))
+            })
+            .expect_err("refused");
+            assert!(matches!(err, HostError::Read { .. }), "{err}");
+            let text = format!(
+                "{err}: {}",
+                std::error::Error::source(&err).expect("source")
+            );
+            assert!(
+                text.contains(&shown.display().to_string()) && text.contains(what),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn bdf_parses_and_formats() {

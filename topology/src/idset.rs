@@ -276,6 +276,7 @@ impl<'de> Deserialize<'de> for IdSet {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn set(s: &str) -> IdSet {
         IdSet::parse(s).expect("valid list")
@@ -359,10 +360,139 @@ mod tests {
         assert!(serde_json::from_str::<IdSet>("\"3-1\"").is_err());
     }
 
+    /// One item of a generated list: an id or a range, valid or not.
+    #[derive(Debug, Clone)]
+    enum Item {
+        Id(u64),
+        Range(u64, u64),
+    }
+
+    fn item() -> impl Strategy<Value = Item> {
+        // Mostly valid ids, some just past MAX_ID, some far beyond u32.
+        let id = prop_oneof![
+            8 => 0u64..=u64::from(MAX_ID),
+            1 => u64::from(MAX_ID) + 1..=u64::from(MAX_ID) + 64,
+            1 => 0u64..=99_999_999_999,
+        ];
+        prop_oneof![
+            id.clone().prop_map(Item::Id),
+            (id.clone(), id).prop_map(|(a, b)| Item::Range(a, b)),
+            (0u64..=u64::from(MAX_ID), 0u64..=200)
+                .prop_map(|(a, n)| Item::Range(a, (a + n).min(u64::from(MAX_ID)))),
+        ]
+    }
+
+    /// What the parser must say about a list of items: the first invalid item's error, else
+    /// the union of the items.
+    fn model(items: &[Item]) -> Result<BTreeSet<u32>, IdSetError> {
+        let mut ids = BTreeSet::new();
+        let check = |v: u64, item: &str| {
+            if v.to_string().len() > 10 {
+                Err(IdSetError::NotANumber(item.to_string()))
+            } else if v > u64::from(MAX_ID) {
+                Err(IdSetError::TooLarge(v.to_string()))
+            } else {
+                Ok(v as u32)
+            }
+        };
+        for it in items {
+            let text = show(it);
+            let (lo, hi) = match *it {
+                Item::Id(v) => (check(v, &text)?, check(v, &text)?),
+                Item::Range(a, b) => (check(a, &text)?, check(b, &text)?),
+            };
+            if hi < lo {
+                return Err(IdSetError::Reversed(text));
+            }
+            ids.extend(lo..=hi);
+        }
+        Ok(ids)
+    }
+
+    fn show(it: &Item) -> String {
+        match it {
+            Item::Id(v) => v.to_string(),
+            Item::Range(a, b) => format!("{a}-{b}"),
+        }
+    }
+
+    fn as_model(set: &IdSet) -> BTreeSet<u32> {
+        set.iter().collect()
+    }
+
+    fn small_set() -> impl Strategy<Value = BTreeSet<u32>> {
+        proptest::collection::btree_set(prop_oneof![0u32..200, 0u32..=MAX_ID], 0..40)
+    }
+
     proptest! {
         #[test]
         fn never_panics_on_arbitrary_text(s in "\\PC{0,64}") {
             let _ = IdSet::parse(&s);
+        }
+
+        #[test]
+        fn never_panics_on_hostile_text_and_bytes(
+            s in crate::testutil::hostile_text(300),
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            for text in [s, String::from_utf8_lossy(&bytes).into_owned()] {
+                if let Ok(set) = IdSet::parse(&text) {
+                    // Only digits, commas, dashes and surrounding white space parse.
+                    prop_assert!(text.trim().bytes().all(|b| b.is_ascii_digit() || b == b',' || b == b'-'), "{:?}", text);
+                    prop_assert!(set.iter().all(|id| id <= MAX_ID));
+                }
+            }
+        }
+
+        #[test]
+        fn parses_generated_lists_as_the_model_says(
+            items in proptest::collection::vec(item(), 0..12),
+            pad in prop::sample::select(vec!["", " ", "\n", "\t ", " \r\n"]),
+        ) {
+            let text = format!(
+                "{pad}{}{pad}",
+                items.iter().map(show).collect::<Vec<_>>().join(",")
+            );
+            let parsed = IdSet::parse(&text).map(|s| as_model(&s));
+            prop_assert_eq!(parsed, model(&items), "{:?}", text);
+        }
+
+        #[test]
+        fn a_broken_item_is_never_accepted(
+            before in proptest::collection::vec(0u32..100, 1..4),
+            after in proptest::collection::vec(0u32..100, 1..4),
+            junk in prop::sample::select(vec!["", " 1", "1 ", "a", "-", "1-", "-1", "1--2", "0x1", "+1", "1.0", "1-2-3", "\u{0}", "١", "1\n"]),
+        ) {
+            let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let text = format!("{},{junk},{}", join(&before), join(&after));
+            prop_assert!(IdSet::parse(&text).is_err(), "{:?} parsed", text);
+        }
+
+        #[test]
+        fn formatting_is_canonical(s in "[0-9,\\-]{0,40}") {
+            if let Ok(set) = IdSet::parse(&s) {
+                let shown = set.to_string();
+                let again = IdSet::parse(&shown).expect("formatted list parses");
+                prop_assert_eq!(again.to_string(), shown);
+                prop_assert_eq!(again, set);
+            }
+        }
+
+        #[test]
+        fn set_algebra_matches_the_model(a in small_set(), b in small_set()) {
+            let (x, y): (IdSet, IdSet) = (a.iter().copied().collect(), b.iter().copied().collect());
+            prop_assert_eq!(as_model(&x.union(&y)), a.union(&b).copied().collect::<BTreeSet<_>>());
+            prop_assert_eq!(as_model(&x.intersection(&y)), a.intersection(&b).copied().collect::<BTreeSet<_>>());
+            prop_assert_eq!(as_model(&x.difference(&y)), a.difference(&b).copied().collect::<BTreeSet<_>>());
+            prop_assert_eq!(x.is_subset(&y), a.is_subset(&b));
+            prop_assert_eq!(x.intersects(&y), !a.is_disjoint(&b));
+            prop_assert_eq!(x.len(), a.len());
+            prop_assert_eq!(x.first(), a.first().copied());
+            // Equal sets are equal values whatever they were built from.
+            prop_assert_eq!(x.difference(&y).union(&x.intersection(&y)), x.clone());
+            for id in a.iter().chain(&b) {
+                prop_assert_eq!(x.contains(*id), a.contains(id));
+            }
         }
 
         #[test]

@@ -263,6 +263,126 @@ impl Baseline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::hostile_text;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    /// A two-node host (nodes 0 and 1) from hwloc's test suite.
+    fn host() -> &'static Host {
+        static HOST: OnceLock<Host> = OnceLock::new();
+        HOST.get_or_init(|| {
+            let xml = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/hwloc/xml/24em64t-2n6c2t-pci.xml");
+            Host::load(&crate::TopologySource::Xml(xml)).expect("fixture loads")
+        })
+    }
+
+    const POLICIES: [&str; 4] = ["none", "best-effort", "restricted", "single-numa-node"];
+    const MODES: [&str; 2] = ["audit", "enforce"];
+
+    /// A value for a choice annotation: valid, nearly valid, or anything.
+    fn choice(valid: &'static [&'static str]) -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => prop::sample::select(valid).prop_map(str::to_string),
+            1 => prop::sample::select(valid).prop_map(|v| format!("{v} ")),
+            1 => prop::sample::select(valid).prop_map(str::to_uppercase),
+            2 => hostile_text(100),
+        ]
+    }
+
+    fn node_list() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec!["0", "1", "0-1", "0,1", " 1\n"]).prop_map(str::to_string),
+            "[0-9,\\- ]{0,12}",
+            hostile_text(100),
+            Just("0-16383".to_string()),
+            Just("7".repeat(200)),
+        ]
+    }
+
+    fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
+        (
+            proptest::option::of(choice(&POLICIES)),
+            proptest::option::of(choice(&MODES)),
+            proptest::option::of(node_list()),
+            proptest::collection::btree_map(
+                prop_oneof![
+                    hostile_text(30),
+                    Just("kata-topo.io/Policy".to_string()),
+                    Just("kata-topo.io/".to_string()),
+                    Just("io.kubernetes.cri.sandbox-name".to_string()),
+                ],
+                hostile_text(30),
+                0..4,
+            ),
+        )
+            .prop_map(|(policy, mode, nodes, mut other)| {
+                for (key, value) in [
+                    (ANNOTATION_POLICY, policy),
+                    (ANNOTATION_MODE, mode),
+                    (ANNOTATION_NUMA_NODES, nodes),
+                ] {
+                    match value {
+                        Some(v) => {
+                            other.insert(key.to_string(), v);
+                        }
+                        None => {
+                            other.remove(key);
+                        }
+                    }
+                }
+                other
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn annotations_resolve_as_the_model_says(
+            a in annotations(),
+            default_policy in prop::sample::select(vec![Policy::None, Policy::BestEffort, Policy::Restricted, Policy::SingleNumaNode]),
+            default_mode in prop::sample::select(vec![Mode::Audit, Mode::Enforce]),
+        ) {
+            let host = host();
+            let (intent, findings) = Intent::from_annotations(&a, default_policy, default_mode, host);
+            let mut invalid = Vec::new();
+            let want_policy = match a.get(ANNOTATION_POLICY) {
+                None => default_policy,
+                Some(v) => match POLICIES.iter().position(|p| p == v) {
+                    Some(i) => [Policy::None, Policy::BestEffort, Policy::Restricted, Policy::SingleNumaNode][i],
+                    None => { invalid.push(ANNOTATION_POLICY); default_policy }
+                },
+            };
+            let want_mode = match a.get(ANNOTATION_MODE) {
+                None => default_mode,
+                Some(v) if v == "audit" => Mode::Audit,
+                Some(v) if v == "enforce" => Mode::Enforce,
+                Some(_) => { invalid.push(ANNOTATION_MODE); default_mode }
+            };
+            let want_nodes = match a.get(ANNOTATION_NUMA_NODES) {
+                None => None,
+                Some(v) => match IdSet::parse(v) {
+                    Ok(set) if !set.is_empty() && set.is_subset(&host.node_ids()) => Some(set),
+                    _ => { invalid.push(ANNOTATION_NUMA_NODES); None }
+                },
+            };
+            prop_assert_eq!(intent.policy, want_policy);
+            prop_assert_eq!(intent.mode, want_mode);
+            prop_assert_eq!(intent.numa_nodes, want_nodes);
+            // One intent-invalid error per invalid annotation, naming it and its value.
+            prop_assert_eq!(findings.len(), invalid.len(), "{:?}", findings);
+            for (f, key) in findings.iter().zip(&invalid) {
+                prop_assert_eq!(f.rule, Rule::IntentInvalid);
+                prop_assert_eq!(f.severity, Severity::Error);
+                let message_names_key = f.message.starts_with(&format!("annotation {key}="));
+                prop_assert!(message_names_key, "{}", f.message);
+                let shown: String = a[*key].chars().take(64).collect();
+                prop_assert_eq!(&f.observed["value"], &serde_json::Value::from(shown));
+                prop_assert_eq!(&f.observed["annotation"], &serde_json::Value::from(*key));
+                // However long the value, the message stays short.
+                prop_assert!(f.message.len() < 1200, "{}", f.message.len());
+            }
+        }
+    }
 
     #[test]
     fn parses_policies_and_modes() {

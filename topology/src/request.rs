@@ -445,7 +445,234 @@ mod tests {
         );
     }
 
+    /// Keys an OCI spec or a `LinuxResources` has, so generated JSON reaches deep.
+    const KEYS: &[&str] = &[
+        "ociVersion",
+        "annotations",
+        "linux",
+        "resources",
+        "devices",
+        "cpu",
+        "cpus",
+        "mems",
+        "memory",
+        "limit",
+        "shares",
+        "quota",
+        "period",
+        "path",
+        "type",
+        "major",
+        "minor",
+        "process",
+        "root",
+    ];
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            crate::testutil::hostile_text(20).prop_map(Value::from),
+            prop::sample::select(vec![
+                "0-3",
+                "1",
+                "",
+                "3-1",
+                "/dev/vfio/12",
+                "c",
+                "/dev/vfio/devices/vfio0"
+            ])
+            .prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop_oneof![
+                            3 => prop::sample::select(KEYS).prop_map(str::to_string),
+                            1 => crate::testutil::hostile_text(10),
+                        ],
+                        inner,
+                    ),
+                    0..6,
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A generated value placed where a decoder looks.
+    fn placed(v: serde_json::Value, at: usize) -> serde_json::Value {
+        use serde_json::json;
+        match at {
+            0 => v,
+            1 => json!({"cpu": v}),
+            2 => json!({"cpu": {"cpus": v}}),
+            3 => json!({"memory": v}),
+            4 => json!({"ociVersion": "1.0.2", "linux": {"resources": v}}),
+            5 => json!({"ociVersion": "1.0.2", "linux": {"devices": v}}),
+            6 => json!({"ociVersion": "1.0.2", "annotations": v}),
+            _ => json!({"ociVersion": "1.0.2", "linux": v}),
+        }
+    }
+
+    /// What a decoder's error must say: what it was reading.
+    fn names_what(e: &RequestError, what: &str) -> bool {
+        let text = e.to_string();
+        text.starts_with(&format!("{what} is not valid: "))
+            || text.starts_with("linux.resources.cpu.cpus ")
+            || text.starts_with("linux.resources.cpu.mems ")
+    }
+
+    /// A cpu list text: a valid list or junk.
+    fn list_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::collection::btree_set(0u32..64, 0..6)
+                .prop_map(|ids| { ids.into_iter().collect::<IdSet>().to_string() }),
+            "[0-9,\\- ]{0,10}",
+            crate::testutil::hostile_text(10),
+        ]
+    }
+
+    /// A device path for `linux.devices`: a VFIO group or iommufd device, the container node,
+    /// a path under /dev/vfio that is not a valid name, or another device.
+    fn device_path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u32..20).prop_map(|g| format!("/dev/vfio/{g}")),
+            (0u32..5).prop_map(|n| format!("/dev/vfio/devices/vfio{n}")),
+            Just("/dev/vfio/vfio".to_string()),
+            crate::testutil::hostile_text(12).prop_map(|t| format!("/dev/vfio/{t}")),
+            crate::testutil::hostile_text(12).prop_map(|t| format!("/dev/vfio/devices/{t}")),
+            Just("/dev/vfio/../../etc/passwd".to_string()),
+            Just("/dev/nvidia0".to_string()),
+        ]
+    }
+
     proptest! {
+        #[test]
+        fn decoders_never_panic_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            if let Err(e) = Resources::from_json(&bytes) {
+                prop_assert!(names_what(&e, "LinuxResources"), "{}", e);
+            }
+            if let Err(e) = ContainerSpec::from_json(&bytes) {
+                prop_assert!(names_what(&e, "OCI spec"), "{}", e);
+            }
+        }
+
+        #[test]
+        fn decoders_never_panic_on_json(v in json_value(), at in 0usize..8) {
+            let bytes = placed(v, at).to_string().into_bytes();
+            if let Err(e) = Resources::from_json(&bytes) {
+                prop_assert!(names_what(&e, "LinuxResources"), "{}", e);
+            }
+            if let Err(e) = ContainerSpec::from_json(&bytes) {
+                prop_assert!(names_what(&e, "OCI spec"), "{}", e);
+            }
+        }
+
+        #[test]
+        fn deep_nesting_is_an_error_not_a_stack_overflow(depth in 0usize..20_000, array in any::<bool>()) {
+            let (open, close) = if array { ("[", "]") } else { ("{\"cpu\":", "}") };
+            let text = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+            // Unknown keys are skipped however deep they go; what matters is an answer.
+            let r = Resources::from_json(text.as_bytes());
+            let s = ContainerSpec::from_json(text.as_bytes());
+            if array && depth > 0 {
+                prop_assert!(r.is_err() && s.is_err(), "an array is not an object");
+            }
+        }
+
+        #[test]
+        fn resources_decode_as_the_model_says(
+            cpus in proptest::option::of(list_text()),
+            mems in proptest::option::of(list_text()),
+            shares in proptest::option::of(any::<u64>()),
+            quota in proptest::option::of(any::<i64>()),
+            period in proptest::option::of(any::<u64>()),
+            limit in proptest::option::of(any::<i64>()),
+        ) {
+            let json = serde_json::json!({
+                "cpu": {"cpus": cpus, "mems": mems, "shares": shares, "quota": quota, "period": period},
+                "memory": {"limit": limit},
+            });
+            // A list that is absent or blank is not set; otherwise it must parse.
+            let list = |v: &Option<String>| match v.as_deref().map(str::trim) {
+                None | Some("") => Ok(None),
+                Some(t) => IdSet::parse(t).map(Some),
+            };
+            let got = Resources::from_json(json.to_string().as_bytes());
+            match (list(&cpus), list(&mems)) {
+                (Ok(c), Ok(m)) => {
+                    let r = got.expect("valid resources decode");
+                    prop_assert_eq!(r.cpus, c);
+                    prop_assert_eq!(r.mems, m);
+                    prop_assert_eq!(r.cpu_shares, shares);
+                    prop_assert_eq!(r.cpu_quota, quota);
+                    prop_assert_eq!(r.cpu_period, period);
+                    prop_assert_eq!(r.memory_limit, limit.filter(|&l| l > 0).map(|l| l as u64));
+                }
+                (Err(_), _) => {
+                    let e = got.expect_err("bad cpus");
+                    prop_assert!(e.to_string().starts_with("linux.resources.cpu.cpus "), "{}", e);
+                }
+                (Ok(_), Err(_)) => {
+                    let e = got.expect_err("bad mems");
+                    prop_assert!(e.to_string().starts_with("linux.resources.cpu.mems "), "{}", e);
+                }
+            }
+        }
+
+        #[test]
+        fn specs_decode_as_the_model_says(
+            paths in prop::collection::vec(device_path(), 0..8),
+            annotations in prop::collection::btree_map(
+                prop_oneof![
+                    prop::sample::select(vec![CRI_SANDBOX_NAME, CRI_CONTAINER_NAME, CRI_CONTAINER_TYPE, CRI_SANDBOX_ID]).prop_map(str::to_string),
+                    crate::testutil::hostile_text(20),
+                ],
+                crate::testutil::hostile_text(40),
+                0..5,
+            ),
+        ) {
+            let devices: Vec<_> = paths
+                .iter()
+                .map(|p| serde_json::json!({"path": p, "type": "c", "major": 1, "minor": 1}))
+                .collect();
+            let json = serde_json::json!({
+                "ociVersion": "1.0.2", "annotations": annotations, "linux": {"devices": devices}
+            });
+            let spec = ContainerSpec::from_json(json.to_string().as_bytes()).expect("valid spec");
+            let mut vfio: Vec<VfioRef> = Vec::new();
+            let mut bad = 0;
+            for p in &paths {
+                match VfioRef::from_path(p) {
+                    None => {}
+                    Some(Ok(r)) if vfio.contains(&r) => {}
+                    Some(Ok(r)) => vfio.push(r),
+                    Some(Err(_)) => bad += 1,
+                }
+            }
+            prop_assert_eq!(&spec.vfio, &vfio);
+            prop_assert_eq!(spec.bad_devices.len(), bad);
+            // Every accepted VFIO reference is a plain name: nothing that could leave sysfs.
+            for r in &spec.vfio {
+                let name = match r { VfioRef::Group(g) => g, VfioRef::Device(d) => d };
+                prop_assert!(name.bytes().all(|b| b.is_ascii_alphanumeric()), "{:?}", r);
+            }
+            prop_assert_eq!(spec.pod.name.as_ref(), annotations.get(CRI_SANDBOX_NAME));
+            prop_assert_eq!(spec.container_name.as_ref(), annotations.get(CRI_CONTAINER_NAME));
+            prop_assert_eq!(spec.sandbox_id.as_ref(), annotations.get(CRI_SANDBOX_ID));
+            let sandbox = annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox");
+            prop_assert_eq!(spec.kind == ContainerKind::Sandbox, sandbox);
+            prop_assert_eq!(spec.annotations, annotations);
+        }
+
         #[test]
         fn never_panics_on_arbitrary_json(s in "\\PC{0,200}") {
             let _ = Resources::from_json(s.as_bytes());

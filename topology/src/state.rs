@@ -76,8 +76,12 @@ fn mkdir_private(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
+/// The largest state file read back (a verdict with its findings is a few KiB).
+const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Reads a file this module wrote: bounded, a regular file, never through a symbolic link.
 fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
-    match fs::read(path) {
+    match crate::fsutil::read_bounded_nofollow(path, MAX_STATE_FILE_BYTES) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -85,7 +89,7 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
             )
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
     }
 }
 
@@ -372,5 +376,37 @@ mod tests {
         g.remove_all().expect("remove all");
         assert!(!g.dir().exists());
         assert!(!state_dir.join("k8s.io").exists());
+    }
+
+    #[test]
+    fn listing_reports_fifos_and_links_as_unreadable_and_never_blocks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = dir.path().join("state");
+        let g = GroupState::open(&state_dir, "k8s.io", "sb1").expect("open");
+        let fifo = g.dir().join("verdicts/c1.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let outside = dir.path().join("outside.json");
+        fs::write(&outside, "{}").expect("write");
+        std::os::unix::fs::symlink(&outside, g.dir().join("tasks/c2.json")).expect("symlink");
+        let pods = crate::testutil::within_a_minute("listing the state", move || {
+            list(&state_dir).expect("list")
+        });
+        assert_eq!(pods.len(), 1);
+        assert!(pods[0].verdicts.is_empty() && pods[0].tasks.is_empty());
+        let unreadable = &pods[0].unreadable;
+        assert_eq!(unreadable.len(), 2, "{unreadable:?}");
+        assert!(
+            unreadable
+                .iter()
+                .any(|u| u.contains("tasks/c2.json") && u.contains("symbolic link")),
+            "{unreadable:?}"
+        );
+        assert!(
+            unreadable
+                .iter()
+                .any(|u| u.contains("verdicts/c1.json") && u.contains("FIFO")),
+            "{unreadable:?}"
+        );
     }
 }

@@ -203,15 +203,8 @@ impl Sysfs {
         let Some(path) = self.resolve(rel)? else {
             return Ok(None);
         };
-        let read = || -> io::Result<String> {
-            use std::io::Read;
-            let mut text = String::new();
-            std::fs::File::open(&path)?
-                .take(MAX_ATTR_BYTES)
-                .read_to_string(&mut text)?;
-            Ok(text)
-        };
-        read()
+        // The path is resolved already: a link in its place now was planted since.
+        crate::fsutil::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES)
             .map(|t| Some(t.trim().to_string()))
             .map_err(|source| SysfsError::Io {
                 path: path.clone(),
@@ -394,6 +387,387 @@ mod tests {
             sysfs.devices_of(&VfioRef::Group("5".into())),
             Err(SysfsError::Escapes(_))
         ));
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_in_place_of_an_attribute_is_an_error() {
+        let tree = SysfsTree::new();
+        let a: Bdf = "0000:01:00.0".parse().expect("bdf");
+        let b: Bdf = "0000:01:00.1".parse().expect("bdf");
+        tree.device(a, 0, Some("vfio-pci"), Some("3"));
+        tree.device(b, 0, Some("vfio-pci"), Some("3"));
+        let numa_a = tree.root().join(format!("bus/pci/devices/{a}/numa_node"));
+        std::fs::remove_file(&numa_a).expect("remove");
+        nix::unistd::mkfifo(&numa_a, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let numa_b = tree.root().join(format!("bus/pci/devices/{b}/numa_node"));
+        std::fs::remove_file(&numa_b).expect("remove");
+        std::fs::create_dir(&numa_b).expect("mkdir");
+        let sysfs = Sysfs::new(tree.root());
+        let (ea, eb) = crate::testutil::within_a_minute("reading sysfs", move || {
+            (sysfs.device(a), sysfs.device(b))
+        });
+        let ea = ea.expect_err("fifo");
+        assert!(matches!(ea, SysfsError::Io { .. }), "{ea}");
+        assert!(ea.to_string().contains("numa_node"), "{ea}");
+        assert!(eb.is_err(), "{eb:?}");
+    }
+
+    /// Generated sysfs trees: devices laid out as the kernel does, then broken — FIFOs,
+    /// sockets and directories where attributes belong, dangling and looping links, links out
+    /// of the root, junk content, weird names.
+    mod generated {
+        use super::*;
+        use crate::simulate;
+        use proptest::prelude::*;
+        use std::collections::{BTreeMap, BTreeSet};
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::symlink;
+
+        /// The numa_node of the decoy device outside the root: seeing it means a read left.
+        const OUTSIDE_NODE: i32 = 1_234_567;
+        /// The PCI address listed only in the decoy group outside the root.
+        const OUTSIDE_BDF: &str = "000f:0f:0f.7";
+
+        fn bdf(i: u8) -> Bdf {
+            Bdf {
+                domain: 0,
+                bus: 1 + (i >> 3) % 2,
+                device: (i >> 1) % 4,
+                function: i % 2,
+            }
+        }
+
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+        enum Slot {
+            NumaNode(u8),
+            Driver(u8),
+            GroupLink(u8),
+            BusLink(u8),
+            DeviceDir(u8),
+            GroupDir(u8),
+            GroupDevices(u8),
+            GroupEntry(u8, u8),
+            Iommufd(u8),
+        }
+
+        #[derive(Debug, Clone)]
+        enum Thing {
+            Fifo,
+            Socket,
+            Dir,
+            Dangling,
+            SelfLoop,
+            LinkOut,
+            LinkUp,
+            Junk(Vec<u8>),
+        }
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Device {
+                dev: u8,
+                node: i32,
+                driver: Option<&'static str>,
+                group: Option<u8>,
+            },
+            Iommufd(u8, u8),
+            Unbind(u8),
+            Break(Slot, Thing),
+            WeirdName(u8, Vec<u8>),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let dev = 0u8..16;
+            let group = 0u8..6;
+            let slot = prop_oneof![
+                dev.clone().prop_map(Slot::NumaNode),
+                dev.clone().prop_map(Slot::Driver),
+                dev.clone().prop_map(Slot::GroupLink),
+                dev.clone().prop_map(Slot::BusLink),
+                dev.clone().prop_map(Slot::DeviceDir),
+                group.clone().prop_map(Slot::GroupDir),
+                group.clone().prop_map(Slot::GroupDevices),
+                (group.clone(), dev.clone()).prop_map(|(g, d)| Slot::GroupEntry(g, d)),
+                (0u8..4).prop_map(Slot::Iommufd),
+            ];
+            let thing = prop_oneof![
+                Just(Thing::Fifo),
+                Just(Thing::Socket),
+                Just(Thing::Dir),
+                Just(Thing::Dangling),
+                Just(Thing::SelfLoop),
+                Just(Thing::LinkOut),
+                Just(Thing::LinkUp),
+                prop_oneof![
+                    prop::collection::vec(any::<u8>(), 0..16),
+                    prop::sample::select(vec![
+                        &b"-1\n"[..],
+                        b"1",
+                        b" 0 ",
+                        b"7777",
+                        b"99999999999",
+                        b"\xff\xfe"
+                    ])
+                    .prop_map(<[u8]>::to_vec),
+                    (4000usize..5000).prop_map(|n| vec![b'1'; n]),
+                ]
+                .prop_map(Thing::Junk),
+            ];
+            prop_oneof![
+                4 => (
+                    dev.clone(),
+                    -2i32..4,
+                    prop::option::of(prop::sample::select(vec!["vfio-pci", "mlx5_core", "nvidia"])),
+                    prop::option::of(group.clone()),
+                )
+                    .prop_map(|(dev, node, driver, group)| Op::Device { dev, node, driver, group }),
+                1 => (0u8..4, dev.clone()).prop_map(|(n, d)| Op::Iommufd(n, d)),
+                1 => dev.prop_map(Op::Unbind),
+                4 => (slot, thing).prop_map(|(s, t)| Op::Break(s, t)),
+                1 => (
+                    group,
+                    prop_oneof![
+                        prop::collection::vec(any::<u8>().prop_filter("a file name byte", |b| *b != b'/' && *b != 0), 1..40),
+                        Just(vec![b'x'; 255]),
+                        Just(b"0000:01:00.0\n".to_vec()),
+                        Just(b"\x1b[2J".to_vec()),
+                    ],
+                )
+                    .prop_map(|(g, name)| Op::WeirdName(g, name)),
+            ]
+        }
+
+        /// What the test expects of an untouched part of the tree.
+        #[derive(Debug, Default)]
+        struct Model {
+            /// Device → (numa_node, driver, group) as last added.
+            devices: BTreeMap<u8, (i32, Option<&'static str>, Option<u8>)>,
+            /// Group → every device ever added to it.
+            groups: BTreeMap<u8, BTreeSet<u8>>,
+            broken_devices: BTreeSet<u8>,
+            broken_groups: BTreeSet<u8>,
+            broken_iommufd: BTreeSet<u8>,
+        }
+
+        fn rel(slot: Slot) -> String {
+            let dir = |d: u8| {
+                let b = bdf(d);
+                format!("devices/pci{:04x}:{:02x}/{b}", b.domain, b.bus)
+            };
+            match slot {
+                Slot::NumaNode(d) => format!("{}/numa_node", dir(d)),
+                Slot::Driver(d) => format!("{}/driver", dir(d)),
+                Slot::GroupLink(d) => format!("{}/iommu_group", dir(d)),
+                Slot::BusLink(d) => format!("bus/pci/devices/{}", bdf(d)),
+                Slot::DeviceDir(d) => dir(d),
+                Slot::GroupDir(g) => format!("kernel/iommu_groups/{g}"),
+                Slot::GroupDevices(g) => format!("kernel/iommu_groups/{g}/devices"),
+                Slot::GroupEntry(g, d) => format!("kernel/iommu_groups/{g}/devices/{}", bdf(d)),
+                Slot::Iommufd(n) => format!("class/vfio-dev/vfio{n}/device"),
+            }
+        }
+
+        fn put(root: &Path, outside: &Path, slot: Slot, thing: &Thing) -> io::Result<()> {
+            let r = rel(slot);
+            let path = root.join(&r);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path)?,
+                Ok(_) => std::fs::remove_file(&path)?,
+                Err(_) => {}
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            match thing {
+                Thing::Fifo => {
+                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                        .map_err(io::Error::from)?
+                }
+                Thing::Socket => drop(std::os::unix::net::UnixListener::bind(&path)?),
+                Thing::Dir => std::fs::create_dir(&path)?,
+                Thing::Dangling => symlink("../../nowhere/at/all", &path)?,
+                Thing::SelfLoop => symlink(path.file_name().unwrap_or_default(), &path)?,
+                Thing::LinkOut => {
+                    let target = match slot {
+                        Slot::NumaNode(_) => outside.join("escape/numa_node"),
+                        _ => outside.join("escape"),
+                    };
+                    symlink(target, &path)?;
+                }
+                Thing::LinkUp => {
+                    // Relative, up through the root and into the decoy.
+                    let depth = r.split('/').count() - 1;
+                    let up = "../".repeat(depth + 1);
+                    symlink(format!("{up}outside/escape"), &path)?;
+                }
+                Thing::Junk(bytes) => std::fs::write(&path, bytes)?,
+            }
+            Ok(())
+        }
+
+        fn build(root: &Path, outside: &Path, ops: &[Op]) -> Model {
+            let tree = simulate::SysfsTree::at(root).expect("root");
+            let mut m = Model::default();
+            for op in ops {
+                match op {
+                    Op::Device {
+                        dev,
+                        node,
+                        driver,
+                        group,
+                    } => {
+                        // Never write through what a break put there (a FIFO would block).
+                        if m.broken_devices.contains(dev)
+                            || group.is_some_and(|g| m.broken_groups.contains(&g))
+                        {
+                            continue;
+                        }
+                        let g = group.map(|g| g.to_string());
+                        if tree
+                            .add_device(bdf(*dev), *node, *driver, g.as_deref())
+                            .is_err()
+                        {
+                            m.broken_devices.insert(*dev);
+                            m.broken_groups.extend(*group);
+                            continue;
+                        }
+                        m.devices.insert(*dev, (*node, *driver, *group));
+                        if let Some(g) = group {
+                            m.groups.entry(*g).or_default().insert(*dev);
+                        }
+                    }
+                    Op::Iommufd(n, d) => {
+                        if m.broken_iommufd.contains(n)
+                            || tree.add_iommufd(&format!("vfio{n}"), bdf(*d)).is_err()
+                        {
+                            m.broken_iommufd.insert(*n);
+                        }
+                    }
+                    Op::Unbind(d) => {
+                        if m.broken_devices.contains(d) || !m.devices.contains_key(d) {
+                            continue;
+                        }
+                        if tree.unbind(bdf(*d)).is_err() {
+                            m.broken_devices.insert(*d);
+                        } else if let Some(e) = m.devices.get_mut(d) {
+                            e.1 = None;
+                        }
+                    }
+                    Op::Break(slot, thing) => {
+                        match *slot {
+                            Slot::NumaNode(d)
+                            | Slot::Driver(d)
+                            | Slot::GroupLink(d)
+                            | Slot::BusLink(d)
+                            | Slot::DeviceDir(d) => {
+                                m.broken_devices.insert(d);
+                            }
+                            Slot::GroupDir(g) | Slot::GroupDevices(g) | Slot::GroupEntry(g, _) => {
+                                m.broken_groups.insert(g);
+                            }
+                            Slot::Iommufd(n) => {
+                                m.broken_iommufd.insert(n);
+                            }
+                        }
+                        let _ = put(root, outside, *slot, thing);
+                    }
+                    Op::WeirdName(g, name) => {
+                        m.broken_groups.insert(*g);
+                        let dir = root.join(format!("kernel/iommu_groups/{g}/devices"));
+                        if std::fs::create_dir_all(&dir).is_ok() {
+                            let _ = std::fs::write(dir.join(OsStr::from_bytes(name)), b"");
+                        }
+                    }
+                }
+            }
+            m
+        }
+
+        /// Builds the tree, reads every device, group and iommufd device through [`Sysfs`], and
+        /// checks the answers against the model.
+        fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let root = dir.path().join("sys");
+            let outside = dir.path().join("outside");
+            // The decoy: what a read that left the root would find.
+            std::fs::create_dir_all(outside.join(format!("escape/devices/{OUTSIDE_BDF}")))
+                .expect("decoy");
+            std::fs::write(
+                outside.join("escape/numa_node"),
+                format!("{OUTSIDE_NODE}\n"),
+            )
+            .expect("decoy");
+            let m = build(&root, &outside, &ops);
+            let sysfs = Sysfs::new(&root);
+            let outside_bdf: Bdf = OUTSIDE_BDF.parse().expect("bdf");
+
+            for d in 0u8..16 {
+                let got = sysfs.device(bdf(d));
+                if let Ok(Some(state)) = &got {
+                    prop_assert_ne!(state.numa_node, Some(OUTSIDE_NODE), "read outside the root");
+                    prop_assert_eq!(state.bdf, bdf(d));
+                }
+                if m.broken_devices.contains(&d) {
+                    continue;
+                }
+                match m.devices.get(&d) {
+                    Some((node, driver, group)) => prop_assert_eq!(
+                        got.map_err(|e| e.to_string()),
+                        Ok(Some(DeviceState {
+                            bdf: bdf(d),
+                            numa_node: Some(*node),
+                            driver: driver.map(str::to_string),
+                            iommu_group: group.map(|g| g.to_string()),
+                        })),
+                        "device {}",
+                        d
+                    ),
+                    None => prop_assert_eq!(got.map_err(|e| e.to_string()), Ok(None)),
+                }
+            }
+            for g in 0u8..6 {
+                let got = sysfs.devices_of(&VfioRef::Group(g.to_string()));
+                if let Ok(bdfs) = &got {
+                    prop_assert!(!bdfs.contains(&outside_bdf), "listed outside the root");
+                    prop_assert!(!bdfs.is_empty());
+                }
+                if m.broken_groups.contains(&g) {
+                    continue;
+                }
+                match m.groups.get(&g) {
+                    Some(devs) => {
+                        let want: Vec<Bdf> = devs
+                            .iter()
+                            .map(|&d| bdf(d))
+                            .collect::<BTreeSet<_>>()
+                            .into_iter()
+                            .collect();
+                        prop_assert_eq!(got.map_err(|e| e.to_string()), Ok(want), "group {}", g);
+                    }
+                    None => {
+                        prop_assert!(matches!(got, Err(SysfsError::Missing { .. })), "{:?}", got)
+                    }
+                }
+            }
+            for n in 0u8..4 {
+                if let Ok(bdfs) = sysfs.devices_of(&VfioRef::Device(format!("vfio{n}"))) {
+                    prop_assert!(!bdfs.contains(&outside_bdf));
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn reading_generated_trees_never_panics_blocks_or_leaves_the_root(
+                ops in prop::collection::vec(op(), 0..16),
+            ) {
+                let what = format!("reading the sysfs tree generated by {ops:?}");
+                crate::testutil::within_a_minute_or_abort(&what, move || run(ops))?;
+            }
+        }
     }
 
     #[test]

@@ -253,8 +253,11 @@ impl Verdict {
         crate::text::printable(&text).into_owned()
     }
 
-    /// One line per finding for people: `error vfio-remote: …`.
+    /// One line per finding for people: `error vfio-remote: …`. Names and messages are
+    /// escaped ([`printable`](crate::text::printable)): a pod's annotations cannot add lines
+    /// or terminal escapes.
     pub fn human(&self) -> String {
+        use crate::text::printable;
         let class = self
             .class
             .map(|c| format!(" ({})", serde_plain(&c)))
@@ -262,9 +265,9 @@ impl Verdict {
         let mut out = format!(
             "{}{class}: pod={}/{} container={} policy={} mode={} decision={}\n",
             serde_plain(&self.operation),
-            self.pod.namespace.as_deref().unwrap_or("-"),
-            self.pod.name.as_deref().unwrap_or("-"),
-            self.container_name.as_deref().unwrap_or("-"),
+            printable(self.pod.namespace.as_deref().unwrap_or("-")),
+            printable(self.pod.name.as_deref().unwrap_or("-")),
+            printable(self.container_name.as_deref().unwrap_or("-")),
             serde_plain(&self.policy),
             serde_plain(&self.mode),
             serde_plain(&self.decision),
@@ -273,7 +276,12 @@ impl Verdict {
             out.push_str("  no findings: placement matches the pod's intent\n");
         }
         for f in &self.findings {
-            out.push_str(&format!("  {:<7} {}: {}\n", f.severity, f.rule, f.message));
+            out.push_str(&format!(
+                "  {:<7} {}: {}\n",
+                f.severity,
+                f.rule,
+                printable(&f.message)
+            ));
         }
         out
     }
@@ -324,6 +332,35 @@ mod tests {
             v.decide();
             assert_eq!(v.decision, want, "{mode:?} {sev:?}");
         }
+    }
+
+    #[test]
+    fn human_text_escapes_what_pods_control() {
+        let mut v = verdict(Mode::Audit, Severity::Error);
+        v.pod.name = Some("p\u{1b}[2J\nerror forged-rule: all is well".into());
+        v.pod.namespace = Some("ns\u{202e}".into());
+        v.container_name = Some("c\r".into());
+        v.findings[0].message = "remote\n  info fake: line\u{9b}".into();
+        let text = v.human();
+        // The header and the one finding: two lines, nothing a terminal would act on.
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(
+            !text.contains(['\u{1b}', '\r', '\u{202e}', '\u{9b}']),
+            "{text}"
+        );
+        assert!(
+            text.contains("pod=ns\\u{202e}/p\\u{1b}[2J\\nerror forged-rule"),
+            "{text}"
+        );
+        assert!(text.contains("container=c\\r "), "{text}");
+        assert!(
+            text.contains("remote\\n  info fake: line\\u{9b}\n"),
+            "{text}"
+        );
+        // JSON keeps the values intact.
+        let back: Verdict =
+            serde_json::from_str(&serde_json::to_string(&v).expect("json")).expect("parse");
+        assert_eq!(back.pod.name, v.pod.name);
     }
 
     #[test]
