@@ -200,6 +200,11 @@ fn qemu_under_kvm_with_debug_names() {
         assert_eq!(sources(&v, i), vec!["kvm-fd", "name"], "{v:#}");
     }
     assert_eq!(v["disagreements"], json!([]));
+    // A thread id reads its process (newer runtime-rs reports the VMM's master thread).
+    let by_thread = view(truth[1].1);
+    assert_eq!(by_thread["pid"], q.pid());
+    assert_eq!(by_thread["found_via"], truth[1].1);
+    assert_eq!(found(&by_thread), truth);
     repinned(q.pid(), &truth, |i, c| q.pin(i, c));
 }
 

@@ -173,7 +173,8 @@ pub struct Sampling {
 pub struct VmView {
     /// The VMM's pid.
     pub pid: u32,
-    /// The pid asked for, when the VMM is its child (runtime-rs's shim).
+    /// The pid asked for, when it is not the VMM's: its parent (runtime-rs's shim), or one of
+    /// its threads.
     pub found_via: Option<u32>,
     /// Its command name.
     pub comm: String,
@@ -266,12 +267,14 @@ impl VmReader {
         self
     }
 
-    /// Reads the view of the sandbox whose runtime reported `pid`: that process when it is a
-    /// VMM, else its one child that is (runtime-rs), else the process, as not a VMM.
+    /// Reads the view of the sandbox whose runtime reported `pid`: that process (the process of
+    /// that thread, for a thread id) when it is a VMM, else its one child that is (runtime-rs),
+    /// else the process, as not a VMM.
     pub fn read(&self, pid: u32) -> Result<VmView, VmError> {
         let process = Process::read(&self.procfs, pid)?;
         if identify(&process).is_some() {
-            return self.view(process, None);
+            let via = (process.pid != pid).then_some(pid);
+            return self.view(process, via);
         }
         let mut vmms: Vec<Process> = process
             .children()

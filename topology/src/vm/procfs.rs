@@ -207,11 +207,38 @@ fn numeric_entries(dir: &Path, limit: usize, what: &'static str) -> Result<Vec<u
     Ok(out)
 }
 
+/// `Tgid` from a `status` file: the process a thread belongs to.
+pub(crate) fn parse_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| decimal(v.trim(), u32::MAX))
+}
+
 impl Process {
-    /// Reads process `pid` under `procfs`: a missing process is [`VmError::NoProcess`]; a
-    /// process whose threads or file descriptors cannot be listed (another user's process
-    /// read without privileges) is [`VmError::Read`].
+    /// Reads process `pid` under `procfs`; a thread id reads the process it belongs to
+    /// (runtime-rs reports dragonball's VMM thread). A missing process is
+    /// [`VmError::NoProcess`]; a process whose threads or file descriptors cannot be listed
+    /// (another user's process read without privileges) is [`VmError::Read`].
     pub(crate) fn read(procfs: &Path, pid: u32) -> Result<Self, VmError> {
+        let dir = procfs.join(pid.to_string());
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return Err(VmError::NoProcess {
+                pid,
+                root: procfs.to_path_buf(),
+            });
+        }
+        let tgid = read_small(&dir.join("status"))
+            .ok()
+            .and_then(|s| parse_tgid(&s))
+            .filter(|t| *t != 0 && *t != pid);
+        match tgid {
+            Some(tgid) => Self::read_group(procfs, tgid),
+            None => Self::read_group(procfs, pid),
+        }
+    }
+
+    fn read_group(procfs: &Path, pid: u32) -> Result<Self, VmError> {
         let dir = procfs.join(pid.to_string());
         if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
             return Err(VmError::NoProcess {

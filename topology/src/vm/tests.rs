@@ -370,6 +370,13 @@ fn the_vmm_child_of_a_shim_is_found() {
         t.reader().read(50),
         Err(VmError::SeveralVmms { pid: 50, ref children }) if children == &[100, 130]
     ));
+    // A thread id (newer runtime-rs reports the VMM's master thread) reads its process.
+    Tree::write(
+        &t.proc().join("107/status"),
+        "Name:\tqemu-system-x86\nTgid:\t100\nPid:\t107\n",
+    );
+    let v = t.reader().read(107).expect("view");
+    assert_eq!((v.pid, v.found_via, v.vcpus.len()), (100, Some(107), 2));
     // A process that is not a VMM and has no VMM child is read as itself.
     let v = t.reader().read(61).expect("view");
     assert_eq!((v.pid, v.found_via, v.is_vmm()), (61, None, false));
