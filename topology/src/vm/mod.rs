@@ -9,9 +9,9 @@
 //! and runtime-rs never. So the kernel is asked first, and names come second:
 //!
 //! 1. **`kvm-debugfs`**: `<debugfs>/kvm/<tid>-<vm fd>/vcpu<n>/pid` is the thread that last
-//!    entered `KVM_RUN` on vCPU *n* (Linux ≥ 5.14, debugfs mounted, root). The directory is
-//!    named after the *thread* that created the VM (cloud-hypervisor's `vmm` thread, QEMU's
-//!    main thread).
+//!    entered `KVM_RUN` on vCPU *n* (debugfs mounted, root; `0` for a vCPU that never ran).
+//!    The directory is named after the *thread* that created the VM (cloud-hypervisor's `vmm`
+//!    thread, QEMU's main thread).
 //! 2. **`kvm-fd`**: every `/proc/<pid>/fd/<fd>` that is `anon_inode:kvm-vcpu:<n>` is a vCPU;
 //!    a thread whose `/proc/<pid>/task/<tid>/syscall` shows `ioctl(<fd>, KVM_RUN)` runs it.
 //!    Only a halted vCPU, or one that left the guest, shows that; one executing guest code
@@ -57,7 +57,7 @@ use serde::Serialize;
 use crate::idset::{IdSet, MAX_ID};
 pub use cmdline::{cloud_hypervisor_guest_nodes, qemu_guest_nodes, GuestNode};
 use procfs::{decimal, Process, Syscall};
-use vcpus::{eliminate, resolve, vcpu_name, Claim, NameScheme, Samples};
+use vcpus::{eliminate, resolve, vcpu_name, Claim, NameScheme, Resolution, Samples};
 pub use vcpus::{Disagreement, Source};
 
 /// Why the VM view could not be read.
@@ -351,60 +351,7 @@ impl VmReader {
             .collect();
         let resolution = match accel {
             Accel::Tcg => resolve(&names, None),
-            Accel::Kvm => {
-                let known = p.kvm_vcpu_ids();
-                let mut kernel = self.debugfs_claims(&p, &candidates, &mut view.notes);
-                let samples = self.sample(&p, &candidates, &known, &kernel);
-                view.sampling = Sampling {
-                    samples: samples.0.rounds,
-                    window_ms: u64::try_from(samples.1.as_millis()).unwrap_or(u64::MAX),
-                };
-                let samples = samples.0;
-                kernel.extend(samples.kvm_run.iter().map(|&(id, tid)| Claim {
-                    id,
-                    tid,
-                    source: Source::KvmFd,
-                }));
-                let kernel_only = resolve(&kernel, Some(&known));
-                let elimination = eliminate(&kernel_only, &known, &samples, &candidates);
-                let mut all = kernel;
-                all.extend(elimination);
-                all.extend(names.iter().copied());
-                let r = resolve(&all, Some(&known));
-                let busy = samples
-                    .always_running()
-                    .into_iter()
-                    .filter(|t| candidates.contains(t) && !r.resolved.values().any(|v| v.tid == *t))
-                    .count();
-                let open: Vec<u32> = known
-                    .iter()
-                    .filter(|id| !r.resolved.contains_key(id))
-                    .collect();
-                for &id in &open {
-                    let reason = if r.contested.contains(&id) {
-                        "its sources disagree (see the disagreements)".to_string()
-                    } else {
-                        format!(
-                            "no thread was seen in KVM_RUN on its fd in {} samples over {} ms (a \
-                             vCPU executing guest code shows as running; a paused VM's never \
-                             enter KVM_RUN), {}no thread is named as it, and elimination needs \
-                             one such vCPU and one thread running in every sample ({} and {} \
-                             here)",
-                            view.sampling.samples,
-                            view.sampling.window_ms,
-                            if self.kvm_debugfs.is_some() {
-                                "KVM's debugfs has no thread for it, "
-                            } else {
-                                ""
-                            },
-                            open.len(),
-                            busy
-                        )
-                    };
-                    view.unresolved.push(Unresolved { index: id, reason });
-                }
-                r
-            }
+            Accel::Kvm => self.resolve_kvm(&p, &candidates, &names, &mut view),
         };
         view.disagreements = resolution.disagreements;
         for (id, res) in resolution.resolved {
@@ -445,6 +392,71 @@ impl VmReader {
         Ok(view)
     }
 
+    /// Under KVM: the kernel's sources, then elimination over what they left, then names;
+    /// every vCPU left open goes to `view.unresolved` with the reason.
+    fn resolve_kvm(
+        &self,
+        p: &Process,
+        candidates: &BTreeSet<u32>,
+        names: &[Claim],
+        view: &mut VmView,
+    ) -> Resolution {
+        let known = p.kvm_vcpu_ids();
+        let mut kernel = self.debugfs_claims(p, candidates, &mut view.notes);
+        let (samples, window) = self.sample(p, candidates, &known, &kernel);
+        view.sampling = Sampling {
+            samples: samples.rounds,
+            window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX),
+        };
+        kernel.extend(samples.kvm_run.iter().map(|&(id, tid)| Claim {
+            id,
+            tid,
+            source: Source::KvmFd,
+        }));
+        let elimination = eliminate(
+            &resolve(&kernel, Some(&known)),
+            &known,
+            &samples,
+            candidates,
+        );
+        let mut all = kernel;
+        all.extend(elimination);
+        all.extend(names.iter().copied());
+        let r = resolve(&all, Some(&known));
+        let open: Vec<u32> = known
+            .iter()
+            .filter(|id| !r.resolved.contains_key(id))
+            .collect();
+        let busy = samples
+            .always_running()
+            .into_iter()
+            .filter(|t| candidates.contains(t) && !r.resolved.values().any(|v| v.tid == *t))
+            .count();
+        for &id in &open {
+            let reason = if r.contested.contains(&id) {
+                "its sources disagree (see the disagreements)".to_string()
+            } else {
+                format!(
+                    "no thread was seen in KVM_RUN on its fd in {} samples over {} ms (a vCPU \
+                     executing guest code shows as running; a paused VM's vCPUs never enter \
+                     KVM_RUN), {}no thread is named as it, and elimination needs exactly one such \
+                     vCPU and one thread running in every sample (here {} vCPUs and {} threads)",
+                    view.sampling.samples,
+                    view.sampling.window_ms,
+                    if self.kvm_debugfs.is_some() {
+                        "KVM's debugfs names no thread for it, "
+                    } else {
+                        ""
+                    },
+                    open.len(),
+                    busy
+                )
+            };
+            view.unresolved.push(Unresolved { index: id, reason });
+        }
+        r
+    }
+
     /// `kvm-debugfs` claims: the directory `<tid>-<fd>` whose `<fd>` is one of the process's
     /// KVM VM fds and whose vCPUs' threads are the process's; `pid` 0 means the vCPU never ran.
     fn debugfs_claims(
@@ -476,6 +488,9 @@ impl VmReader {
             }
             let mut threads = Vec::new();
             for v in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if !v.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
                 let Some(id) = v
                     .file_name()
                     .to_str()

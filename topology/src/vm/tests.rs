@@ -190,7 +190,9 @@ fn the_one_busy_vcpu_is_found_by_elimination() {
     assert_eq!(v.unresolved.len(), 1);
     assert_eq!(v.unresolved[0].index, 0);
     assert!(
-        v.unresolved[0].reason.contains("1 and 2 here"),
+        v.unresolved[0]
+            .reason
+            .contains("here 1 vCPUs and 2 threads"),
         "{}",
         v.unresolved[0].reason
     );
