@@ -22,6 +22,9 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use kata_topo::simulate::SysfsTree;
 use tonic::transport::Channel;
 
+mod vmm;
+pub use vmm::{CloudHypervisor, Guest, Qemu, QemuOpts};
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -1010,113 +1013,3 @@ pub const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
 
 /// Container state RUNNING in CRI.
 pub const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
-
-/// A real QEMU started paused (`-S`, no guest needed) with two named vCPU threads and guest
-/// memory bound to host node 0: the VMM the VM view and VM rules are tested against.
-#[derive(Debug)]
-pub struct Qemu {
-    child: Child,
-}
-
-impl Qemu {
-    /// Starts it (KVM when /dev/kvm is usable, TCG otherwise).
-    pub fn start() -> Self {
-        assert!(
-            Command::new("sh")
-                .args(["-c", "command -v qemu-system-x86_64"])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success()),
-            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86; make test does)"
-        );
-        let kvm = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/kvm")
-            .is_ok();
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-S", "-name", "kata-topo-test,debug-threads=on"])
-            .args([
-                "-machine",
-                if kvm {
-                    "q35,accel=kvm"
-                } else {
-                    "q35,accel=tcg"
-                },
-            ])
-            .args(["-smp", "2", "-m", "64"])
-            .args([
-                "-object",
-                "memory-backend-ram,id=mem0,size=64M,host-nodes=0,policy=bind",
-            ])
-            .args(["-numa", "node,nodeid=0,memdev=mem0"])
-            .args([
-                "-display",
-                "none",
-                "-nodefaults",
-                "-no-user-config",
-                "-serial",
-                "none",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start qemu");
-        let q = Self { child };
-        let pid = q.pid();
-        assert!(
-            eventually(Duration::from_secs(20), || q.vcpu_tids().len() == 2),
-            "qemu {pid} did not start two named vCPU threads"
-        );
-        q
-    }
-
-    /// Its pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// (vCPU index, thread id) of each vCPU thread.
-    pub fn vcpu_tids(&self) -> Vec<(u32, u32)> {
-        let mut found = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{}/task", self.pid()))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let tid: u32 = t.file_name().to_string_lossy().parse().unwrap_or(0);
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if let Some(rest) = comm.trim().strip_prefix("CPU ") {
-                if let Some((n, _)) = rest.split_once('/') {
-                    found.push((n.parse().unwrap_or(0), tid));
-                }
-            }
-        }
-        found.sort();
-        found
-    }
-
-    /// Pins vCPU `index` to host CPUs `cpus` (sched_setaffinity through taskset).
-    pub fn pin(&self, index: u32, cpus: &str) {
-        let tid = self
-            .vcpu_tids()
-            .into_iter()
-            .find(|(i, _)| *i == index)
-            .map(|(_, t)| t)
-            .expect("vCPU thread");
-        let ok = Command::new("taskset")
-            .args(["-p", "-c", cpus, &tid.to_string()])
-            .stdout(Stdio::null())
-            .status()
-            .expect("taskset");
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}

@@ -676,10 +676,10 @@ impl<'h> Checker<'h> {
             // Static sizing: the VM keeps the vCPUs it was built with. Otherwise Kata resizes
             // it to default_vcpus + the containers' limits.
             let (vcpus, how) = if kata.static_sandbox_resource_mgmt && is_update {
-                match vm.filter(|v| v.vcpu_threads_named) {
+                match vm.filter(|v| v.vcpu_count() > 0) {
                     Some(v) => (
-                        v.vcpus.len() as u32,
-                        "the VM's vCPU threads (static sizing)",
+                        u32::try_from(v.vcpu_count()).unwrap_or(u32::MAX),
+                        "the VM's vCPUs (static sizing)",
                     ),
                     None => (kata.vcpus_for(limit(current)), "static sizing at create"),
                 }

@@ -23,7 +23,7 @@ use kata_topo::kata::KataConfig;
 use kata_topo::process::ProcessId;
 use kata_topo::request::ContainerKind;
 use kata_topo::state::{DaemonRecord, GroupState, TaskRecord};
-use kata_topo::vm::VmView;
+use kata_topo::vm::{VmReader, VmView};
 use kata_topo::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
     Rule, Sysfs, UpdateClass, Verdict,
@@ -378,11 +378,18 @@ impl PodChecks {
                 .and_then(|n| self.store.baseline(&BaselineOf::Container(n)))
         };
         let kata = self.kata.with_annotations(&spec.annotations);
-        // Only static sizing needs the VM's real vCPU count to predict pinning.
+        // Only static sizing needs the VM's real vCPU count to predict pinning. The count
+        // comes from the VMM's vCPU fds: one look, no sampling of its threads (that waits,
+        // and the request must not).
         let vm = record
             .pid
             .filter(|_| kata.enable_vcpus_pinning && kata.static_sandbox_resource_mgmt)
-            .and_then(|pid| VmView::read(&self.config.procfs_root, pid).ok())
+            .and_then(|pid| {
+                VmReader::new(&self.config.procfs_root)
+                    .with_sampling(1, Duration::ZERO)
+                    .read(pid)
+                    .ok()
+            })
             .filter(VmView::is_vmm);
         let request = Request {
             spec: &spec,

@@ -172,12 +172,19 @@ fn vm_looks_are_coalesced_per_task() {
     assert!(p.checks.observer.pending() <= 1);
 }
 
-/// The wrapper's own observation, against a real QEMU: after the delegate accepted a
+/// The wrapper's own observation, against a real QEMU without thread names: after the delegate accepted a
 /// container's create, the VMM whose pid the reply carried is read again and what its vCPU
 /// threads really do is reported.
 #[test]
 fn the_vm_is_observed_after_a_create() {
-    let q = kata_topo_integration::Qemu::start();
+    use kata_topo_integration::{Guest, Qemu, QemuOpts};
+    // Under KVM without thread names, as Kata starts it with the shipped configuration.
+    let q = Qemu::start(QemuOpts {
+        kvm: true,
+        debug_threads: false,
+        guest: Guest::Halted,
+        under_parent: false,
+    });
     q.pin(0, "0");
     q.pin(1, "0");
     let p = pod("audit");

@@ -1,0 +1,152 @@
+//! `kata-topo vm` end to end on the /proc trees of `topology/tests/fixtures/vmm/` (QEMU and
+//! cloud-hypervisor recorded from real processes; firecracker and dragonball written from their
+//! layout): per vCPU, the thread and how it was identified; a process that is not a VMM; JSON.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tree(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../topology/tests/fixtures/vmm")
+        .join(name)
+}
+
+/// The one pid of a tree.
+fn pid(name: &str) -> String {
+    std::fs::read_dir(tree(name).join("proc"))
+        .expect("fixture")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .expect("a pid")
+}
+
+fn vm(name: &str, extra: &[&str]) -> Output {
+    let procfs = tree(name).join("proc");
+    Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["vm", "--pid", &pid(name), "--procfs"])
+        .arg(&procfs)
+        .args(extra)
+        .output()
+        .expect("run kata-topo")
+}
+
+fn text(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `vCPU n   tid t   host CPUs c   sources` lines.
+fn vcpu_lines(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter(|l| l.trim_start().starts_with("vCPU ") && l.contains(" tid "))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            (words[1].to_string(), words[7..].join(" "))
+        })
+        .collect()
+}
+
+#[test]
+fn each_vcpu_says_how_it_was_identified() {
+    let out = text(&vm("qemu-kvm", &[]));
+    assert!(
+        out.starts_with("VMM pid 17832 (qemu-system-x86): QEMU, KVM\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("vCPUs: 2, 2 tied to a thread (KVM vCPU fds 0-1;"),
+        "{out}"
+    );
+    assert_eq!(
+        vcpu_lines(&out),
+        vec![
+            ("0".to_string(), "elimination".to_string()),
+            ("1".to_string(), "kvm-fd".to_string())
+        ]
+    );
+    assert!(
+        out.contains("guest node 0: vCPUs - memory mem0 host nodes 0 policy bind"),
+        "{out}"
+    );
+
+    let debugfs = tree("cloud-hypervisor").join("debugfs/kvm");
+    let out = text(&vm(
+        "cloud-hypervisor",
+        &["--kvm-debugfs", debugfs.to_str().expect("path")],
+    ));
+    assert!(out.contains(": cloud-hypervisor, KVM\n"), "{out}");
+    assert_eq!(
+        vcpu_lines(&out),
+        vec![
+            ("0".to_string(), "kvm-debugfs, name".to_string()),
+            ("1".to_string(), "kvm-debugfs, kvm-fd, name".to_string())
+        ]
+    );
+    assert!(
+        out.contains("guest node 1: vCPUs 1 memory mem1 host nodes 0 policy bind"),
+        "{out}"
+    );
+
+    let out = text(&vm("firecracker", &[]));
+    assert!(out.contains(": firecracker, KVM\n"), "{out}");
+    assert_eq!(
+        vcpu_lines(&out),
+        vec![
+            ("0".to_string(), "kvm-fd, name".to_string()),
+            ("1".to_string(), "elimination, name".to_string())
+        ]
+    );
+    let out = text(&vm("dragonball", &[]));
+    assert!(
+        out.contains("(containerd-shim): dragonball, KVM\n"),
+        "{out}"
+    );
+    assert_eq!(vcpu_lines(&out).len(), 2);
+}
+
+#[test]
+fn json_lists_sources_per_vcpu() {
+    let out = vm("firecracker", &["--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["vmm"], "firecracker");
+    assert_eq!(v["accel"], "kvm");
+    assert_eq!(v["kvm_vcpus"], "0-1");
+    assert_eq!(v["vcpus"][0]["tid"], 7102);
+    assert_eq!(
+        v["vcpus"][0]["sources"],
+        serde_json::json!(["kvm-fd", "name"])
+    );
+    assert_eq!(
+        v["vcpus"][1]["sources"],
+        serde_json::json!(["elimination", "name"])
+    );
+    assert_eq!(v["unresolved"], serde_json::json!([]));
+    assert_eq!(v["sampling"]["samples"], 5);
+}
+
+#[test]
+fn a_process_that_is_not_a_vmm_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["vm", "--pid", &std::process::id().to_string()])
+        .output()
+        .expect("run");
+    let out = text(&out);
+    assert!(
+        out.contains("is not a VMM: it holds no KVM vCPU fd and is not QEMU under TCG"),
+        "{out}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["vm", "--pid", "999999999"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("999999999"));
+}
