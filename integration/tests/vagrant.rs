@@ -116,11 +116,14 @@ fn the_scenario_runs_against_the_ci_containerd() {
     for needle in [
         "ok: log: no finding",
         "ok: log: cpu-outside-intent allow",
+        "ok: log: vfio-remote allow",
         "ok: ctr events: /kata-topo/mismatch with cpu-outside-intent",
+        "ok: ctr events: /kata-topo/mismatch with vfio-remote",
         "ok: kata-topo status exit 1",
         "ok: textfile: kata_topo_findings_total{rule=\"cpu-outside-intent\"}",
         "ok: log: a recreate was checked",
         "ok: refused: FailedPrecondition",
+        "ok: log: vfio-remote reject",
         "ok: container still running on 1",
         "scenario passed",
     ] {
