@@ -7,10 +7,12 @@ CARGO ?= cargo
 # through `pkg-config --static`, which also wants libudev; the integration tests and the demo
 # run Debian's containerd 1.6 and runc, build images from busybox-static, build the CRI
 # client with protoc, start a real QEMU for the VM view and a real node-exporter for the
-# metrics, and check the deployment files (shellcheck, ruby -c, vagrant validate).
+# metrics, and check the deployment files (shellcheck, ruby -c, vagrant validate). make vm-test
+# boots Debian's kernel in QEMU (the package comes with apt-get download) on this host's /usr and
+# /etc, builds its initramfs from busybox-static and writes its report with jq.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
-	prometheus-node-exporter shellcheck ruby vagrant
+	prometheus-node-exporter shellcheck ruby vagrant jq
 
 # make install: PREFIX, DESTDIR as usual; PROFILE=debug installs the debug build.
 PREFIX ?= /usr/local
@@ -20,14 +22,15 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration bench demo demo-cli \
-	install uninstall vagrant-test clean
+.PHONY: help deps build build-all build-release test lint unit integration vm-test bench demo \
+	demo-cli install uninstall vagrant-test clean
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make bench  - benchmarks (not tests)"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
+	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update.
@@ -58,7 +61,12 @@ unit: deps
 integration: build-all
 	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1
 
-test: lint unit integration
+# A QEMU guest with two NUMA nodes, a vIOMMU and a NIC bound to vfio-pci: containerd, the
+# wrapper on the live topology, the Vagrant scenario. Report: target/vm-test/report.json.
+vm-test: build-all
+	bash integration/vm-test/run.sh
+
+test: lint unit integration vm-test
 
 bench: deps
 	$(CARGO) bench -p kata-topo-core --locked --bench check
