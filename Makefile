@@ -8,10 +8,12 @@ CARGO ?= cargo
 # run Debian's containerd 1.6 and runc, build images from busybox-static, build the CRI
 # client with protoc, start a real QEMU for the VM view and a real node-exporter for the
 # metrics, and check the deployment files (shellcheck, ruby -c, vagrant validate). xz-utils
-# and binutils take the guest kernel cloud-hypervisor boots out of Debian's kernel package.
+# and binutils take the guest kernel cloud-hypervisor boots out of Debian's kernel package;
+# make vm-test boots Debian's kernel in QEMU on this host's /usr and /etc, builds its initramfs
+# from busybox-static and writes its report with jq.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
-	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils
+	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq
 
 # The cloud-hypervisor the VM-view tests run (v51.0, the version Kata 4.1 pins; Debian does not
 # package it): a path, or `none` to run the integration tests without those tests, which are
@@ -32,8 +34,8 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration bench fuzz demo demo-cli \
-	install uninstall vagrant-test clean vmlinux
+.PHONY: help deps build build-all build-release test lint unit integration vm-test bench fuzz \
+	demo demo-cli install uninstall vagrant-test clean vmlinux
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
@@ -41,6 +43,7 @@ help:
 	@echo "make bench  - benchmarks (not tests)"
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
+	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update.
@@ -99,7 +102,12 @@ vmlinux: $(VMLINUX)
 $(VMLINUX): integration/guest-kernel.sh | deps
 	bash integration/guest-kernel.sh $@
 
-test: lint unit integration
+# A QEMU guest with two NUMA nodes, a vIOMMU and a NIC bound to vfio-pci: containerd, the
+# wrapper on the live topology, the Vagrant scenario. Report: target/vm-test/report.json.
+vm-test: build-all
+	bash integration/vm-test/run.sh
+
+test: lint unit integration vm-test
 
 bench: deps
 	$(CARGO) bench -p kata-topo-core --locked --bench check

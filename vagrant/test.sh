@@ -21,7 +21,8 @@ KT_BIN=${KT_BIN:-/usr/local/bin}
 KT_NODE=${KT_NODE:-1}              # the NUMA node the pod is admitted on
 KT_HOME_CPUS=${KT_HOME_CPUS:-2-3}  # CPUs of that node
 KT_AWAY_CPUS=${KT_AWAY_CPUS:-0-1}  # CPUs of the other node
-KT_VFIO=${KT_VFIO:-}               # local: a character device standing in for /dev/vfio/42
+KT_VFIO=${KT_VFIO:-}               # local: the device node, /dev/vfio/<group> (the vm-test
+                                   #   guest) or a character device standing in for /dev/vfio/42
 work=$(mktemp -d)
 events_pid=""
 
@@ -209,7 +210,9 @@ step "cpuset push across NUMA nodes (CPUs ${KT_AWAY_CPUS})"
 mark_log
 push_cpuset "${KT_AWAY_CPUS}"
 expect_finding cpu-outside-intent allow
+expect_finding vfio-remote allow
 expect_event cpu-outside-intent
+expect_event vfio-remote
 expect_condition 1
 expect_metric cpu-outside-intent
 echo "container: $(running_on)"
@@ -230,6 +233,7 @@ grep -q FailedPrecondition "${work}/refusal" || grep -qi "failed precondition" "
   || fail "the refusal is not FailedPrecondition: $(cat "${work}/refusal")"
 ok "refused: $(head -c 200 "${work}/refusal")"
 expect_finding cpu-outside-intent reject
+expect_finding vfio-remote reject
 state=$(running_on)
 case "${state}" in
   "RUNNING ${KT_HOME_CPUS}") ok "container still running on ${KT_HOME_CPUS}" ;;

@@ -812,7 +812,7 @@ impl Cri {
     ) -> Result<String, tonic::Status> {
         let devices = if vfio {
             vec![cri::Device {
-                container_path: "/dev/vfio/42".into(),
+                container_path: vfio_container_path(&self.vfio_node),
                 host_path: self.vfio_node.to_string_lossy().into_owned(),
                 permissions: "rw".into(),
             }]
@@ -989,6 +989,15 @@ impl Cri {
     }
 }
 
+/// Where a container sees its VFIO device: a real group node (`/dev/vfio/<group>`, as in the
+/// vm-test guest) at its own path, a stand-in node at `/dev/vfio/42`, the simulated GPU's group.
+pub fn vfio_container_path(host: &Path) -> String {
+    match host.strip_prefix("/dev/vfio") {
+        Ok(rest) if rest.components().count() == 1 => host.to_string_lossy().into_owned(),
+        _ => "/dev/vfio/42".into(),
+    }
+}
+
 /// Whether a process is alive (not gone, not a zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -1013,3 +1022,21 @@ pub const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
 
 /// Container state RUNNING in CRI.
 pub const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_real_vfio_group_keeps_its_path_a_stand_in_is_group_42() {
+        assert_eq!(vfio_container_path(Path::new("/dev/vfio/7")), "/dev/vfio/7");
+        assert_eq!(
+            vfio_container_path(Path::new("/tmp/kt-x/vfio-42")),
+            "/dev/vfio/42"
+        );
+        assert_eq!(vfio_container_path(Path::new("/dev/vfio")), "/dev/vfio/42");
+        assert_eq!(
+            vfio_container_path(Path::new("/dev/vfio/devices/vfio0")),
+            "/dev/vfio/42"
+        );
+    }
+}

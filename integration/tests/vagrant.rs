@@ -8,25 +8,55 @@ use std::time::Duration;
 
 use kata_topo_integration::{bin_dir, workspace, Containerd, Guard};
 
-/// Every shell script of the project (outside build output).
-fn scripts() -> Vec<PathBuf> {
-    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+/// Every file of the project (outside build output) that `keep` selects.
+fn files(keep: &dyn Fn(&std::path::Path, &str) -> bool) -> Vec<PathBuf> {
+    fn walk(
+        dir: &std::path::Path,
+        keep: &dyn Fn(&std::path::Path, &str) -> bool,
+        out: &mut Vec<PathBuf>,
+    ) {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let p = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
             if p.is_dir() {
                 if !matches!(name.as_str(), "target" | ".git" | ".vagrant") {
-                    walk(&p, out);
+                    walk(&p, keep, out);
                 }
-            } else if name.ends_with(".sh") {
+            } else if keep(&p, &name) {
                 out.push(p);
             }
         }
     }
     let mut v = Vec::new();
-    walk(&workspace(), &mut v);
+    walk(&workspace(), keep, &mut v);
     v.sort();
     v
+}
+
+/// Every bash script of the project.
+fn scripts() -> Vec<PathBuf> {
+    files(&|_, name| name.ends_with(".sh"))
+}
+
+/// Every POSIX sh script (`#!/bin/sh`, such as the vm-test guest's initramfs `/init`, which
+/// busybox runs).
+fn sh_scripts() -> Vec<PathBuf> {
+    files(&|p, name| {
+        !name.ends_with(".sh") && std::fs::read(p).is_ok_and(|b| b.starts_with(b"#!/bin/sh\n"))
+    })
+}
+
+fn shellcheck(script: &std::path::Path) {
+    let out = Command::new("shellcheck")
+        .arg(script)
+        .output()
+        .expect("shellcheck (apt-get install shellcheck)");
+    assert!(
+        out.status.success(),
+        "shellcheck {}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -59,16 +89,17 @@ fn vagrantfile_and_scripts_are_valid() {
             "{} starts with set -euo pipefail",
             script.display()
         );
-        let out = Command::new("shellcheck")
-            .arg(script)
-            .output()
-            .expect("shellcheck (apt-get install shellcheck)");
-        assert!(
-            out.status.success(),
-            "shellcheck {}: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stdout)
-        );
+        shellcheck(script);
+    }
+    let sh = sh_scripts();
+    assert!(
+        sh.iter().any(|p| p.ends_with("integration/vm-test/init")),
+        "{sh:?}"
+    );
+    for script in &sh {
+        let text = std::fs::read_to_string(script).expect("read");
+        assert!(text.contains("\nset -u\n"), "{} sets -u", script.display());
+        shellcheck(script);
     }
     let home = tempfile::tempdir().expect("tempdir");
     let out = Command::new("vagrant")
@@ -116,11 +147,14 @@ fn the_scenario_runs_against_the_ci_containerd() {
     for needle in [
         "ok: log: no finding",
         "ok: log: cpu-outside-intent allow",
+        "ok: log: vfio-remote allow",
         "ok: ctr events: /kata-topo/mismatch with cpu-outside-intent",
+        "ok: ctr events: /kata-topo/mismatch with vfio-remote",
         "ok: kata-topo status exit 1",
         "ok: textfile: kata_topo_findings_total{rule=\"cpu-outside-intent\"}",
         "ok: log: a recreate was checked",
         "ok: refused: FailedPrecondition",
+        "ok: log: vfio-remote reject",
         "ok: container still running on 1",
         "scenario passed",
     ] {
