@@ -34,13 +34,14 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration vm-test bench fuzz \
+.PHONY: help deps build build-all build-release test lint unit integration vm-test bench soak fuzz \
 	demo demo-cli install uninstall vagrant-test clean vmlinux
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
 	@echo "make bench  - benchmarks (not tests)"
+	@echo "make soak   - 10,000 updates through the wrapper: RSS, threads and fds before and after"
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
@@ -116,6 +117,11 @@ bench: deps
 
 demo: build-all
 	@$(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+
+# Many updates through the wrapper in parallel; prints the daemons' RSS, threads and fds after
+# a warm-up and at the end, and what the sinks dropped (SOAK_PODS, SOAK_UPDATES per pod).
+soak: build-release
+	KATA_TOPO_BIN_DIR=$(CURDIR)/target/release $(CARGO) bench -p kata-topo-integration --locked --bench soak
 
 # The CLI alone on the bundled scenario (no containerd needed).
 demo-cli: build

@@ -548,6 +548,24 @@ state = "{d}/state"
         }
     }
 
+    /// The sum of a metric's series whose labels contain `label`, over every sandbox's
+    /// textfile in the wrapper's metrics directory.
+    pub fn metric(&self, metric: &str, label: &str) -> f64 {
+        std::fs::read_dir(&self.metrics_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".prom"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .flat_map(|t| {
+                t.lines()
+                    .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(label))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
     /// A CRI client over containerd's socket.
     pub fn cri(&self) -> Cri {
         Cri::connect(

@@ -74,6 +74,11 @@ fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
 fn wrapper_killed_delete_cleans_the_delegate_up() {
     let c = Containerd::start(Guard::default());
     let (pid, delegate, wrapper) = run_bg_with_shims(&c, "orphan");
+    let bundle = c
+        .dir
+        .path()
+        .join("state/io.containerd.runtime.v2.task/default/orphan/kata-topo.json");
+    let sockets = std::fs::read_to_string(bundle).unwrap_or_default();
     kill9(wrapper);
     // containerd notices the dropped connection and runs `delete`, which must stop the
     // delegate through its RPCs.
@@ -87,7 +92,12 @@ fn wrapper_killed_delete_cleans_the_delegate_up() {
         "the container process is gone"
     );
     cleanup_task(&c, "orphan");
-    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+    assert_eq!(
+        c.wait_clean(Duration::from_secs(15)),
+        Vec::<String>::new(),
+        "wrapper and delegate: {sockets}\n{}",
+        c.containerd_log()
+    );
 }
 
 #[test]
@@ -237,9 +247,8 @@ fn a_log_nobody_reads_never_stalls_an_update() {
     });
     let mut cri = cri;
     assert_eq!(cri.status(&id).0, RUNNING);
-    let metrics = c.metrics_dir.clone();
     let dropped = eventually(Duration::from_secs(15), || {
-        metric(&metrics, "kata_topo_sink_dropped_total", "sink=\"log\"") > 0.0
+        c.metric("kata_topo_sink_dropped_total", "sink=\"log\"") > 0.0
     });
     assert!(dropped, "the dropped lines are counted");
     cri.remove_pod(&pod);
@@ -252,20 +261,6 @@ fn nix_mkfifo(path: &std::path::Path) {
         .status()
         .expect("mkfifo");
     assert!(ok.success());
-}
-
-/// The value of the first series `name{…label…}` in the textfiles of `dir`.
-fn metric(dir: &std::path::Path, name: &str, label: &str) -> f64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".prom"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .flat_map(|t| t.lines().map(str::to_string).collect::<Vec<_>>())
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-        .and_then(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0.0)
 }
 
 /// A tmpfs mounted for the test and unmounted when it ends.

@@ -68,9 +68,18 @@ impl Env {
     }
 
     fn hook(&self, stdin: &str) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
-            .env("KATA_TOPO_CONFIG", &self.config)
-            .env_remove("TTRPC_ADDRESS")
+        self.spawn(stdin, None).wait_with_output().expect("wait")
+    }
+
+    /// The hook running with `stdin` written, publishing to `ttrpc` when given.
+    fn spawn(&self, stdin: &str, ttrpc: Option<&Path>) -> std::process::Child {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"));
+        cmd.env("KATA_TOPO_CONFIG", &self.config);
+        match ttrpc {
+            Some(socket) => cmd.env("TTRPC_ADDRESS", format!("unix://{}", socket.display())),
+            None => cmd.env_remove("TTRPC_ADDRESS"),
+        };
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -82,7 +91,7 @@ impl Env {
             .expect("stdin")
             .write_all(stdin.as_bytes())
             .expect("write state");
-        child.wait_with_output().expect("wait")
+        child
     }
 
     fn state(&self, bundle: &Path, status: &str) -> String {
@@ -197,20 +206,7 @@ fn a_containerd_that_never_accepts_never_fails_the_container() {
         "the backlog is full"
     );
     let b = e.bundle("trainer", "0", false);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
-        .env("KATA_TOPO_CONFIG", &e.config)
-        .env("TTRPC_ADDRESS", format!("unix://{}", socket.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run hook");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(e.state(&b, "creating").as_bytes())
-        .expect("write state");
+    let mut child = e.spawn(&e.state(&b, "creating"), Some(&socket));
     // A guard against a hang (the runtime's own hook timeout would kill it), not a timing.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let status = loop {

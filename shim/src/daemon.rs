@@ -163,14 +163,16 @@ pub(crate) fn remove_dead_socket(path: &Path) {
 }
 
 /// Removes the socket of a process that is exiting: it may still accept for a moment after
-/// its connections closed, so wait (bounded) until nothing listens.
-fn remove_socket_of_exiting(path: &Path) {
-    for _ in 0..60 {
+/// its connections closed (a Go process's leader shows as a zombie while its other threads,
+/// and its open files, are still being torn down), so wait until nothing listens, up to
+/// `deadline`.
+pub(crate) fn remove_socket_of_exiting(path: &Path, deadline: Instant) {
+    loop {
         remove_dead_socket(path);
-        if !path.exists() {
+        if !path.exists() || Instant::now() >= deadline {
             return;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -191,7 +193,10 @@ impl Drop for OwnSocket {
 pub(crate) fn cleanup(exit: &Exit, own: OwnSocket, delegate: &Delegate, checks: &PodChecks) {
     drop(own);
     if *exit == Exit::DelegateGone {
-        remove_socket_of_exiting(Path::new(socket_path(&delegate.address)));
+        remove_socket_of_exiting(
+            Path::new(socket_path(&delegate.address)),
+            Instant::now() + Duration::from_secs(3),
+        );
         checks.forget(Instant::now() + Duration::from_secs(1));
     } else {
         checks.flush_state(Instant::now() + Duration::from_secs(1));

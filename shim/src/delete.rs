@@ -23,7 +23,7 @@ use kata_topo::process::ProcessId;
 use prost::Message;
 
 use crate::args::Args;
-use crate::daemon::{remove_dead_socket, Delegate};
+use crate::daemon::{remove_dead_socket, remove_socket_of_exiting, Delegate};
 use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
 use crate::ttrpc::{
@@ -140,7 +140,10 @@ impl<'a> Pod<'a> {
             None => false,
         };
         if delegate_gone {
-            remove_dead_socket(Path::new(socket_path(&self.info.delegate_address)));
+            remove_socket_of_exiting(
+                Path::new(socket_path(&self.info.delegate_address)),
+                deadline,
+            );
         }
         if let Some(state) = &self.state {
             let _ = if delegate_gone {
@@ -149,9 +152,12 @@ impl<'a> Pod<'a> {
                 state.remove_task(id)
             };
         }
-        // Out of time, and the delegate still runs (it may be exiting slowly, or serving the
-        // pod's other tasks): a reaper waits for it, off containerd's clock.
-        if let (false, Some(p), Some(state)) = (delegate_gone, delegate, &self.state) {
+        // Out of time, and the delegate still runs or still holds its socket (it may be
+        // exiting slowly, or serving the pod's other tasks): a reaper waits for it, off
+        // containerd's clock.
+        let socket_left = Path::new(socket_path(&self.info.delegate_address)).exists();
+        if let (true, Some(p), Some(state)) = (!delegate_gone || socket_left, delegate, &self.state)
+        {
             spawn_reaper(&Leftovers {
                 delegate: p,
                 socket: PathBuf::from(socket_path(&self.info.delegate_address)),
@@ -193,8 +199,9 @@ pub fn reap(args: &Args) -> ExitCode {
     let Ok(l) = serde_json::from_str::<Leftovers>(&args.reap) else {
         return ExitCode::FAILURE;
     };
-    if wait_exit(l.delegate, Path::new("/proc"), Instant::now() + REAP_WAIT) {
-        remove_dead_socket(&l.socket);
+    let deadline = Instant::now() + REAP_WAIT;
+    if wait_exit(l.delegate, Path::new("/proc"), deadline) {
+        remove_socket_of_exiting(&l.socket, deadline);
         let _ = std::fs::remove_dir_all(&l.state_dir);
         if let Some(ns) = l.state_dir.parent() {
             let _ = std::fs::remove_dir(ns);

@@ -56,34 +56,17 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+    /// Reads one frame; `Ok(None)` on a clean end of stream between frames. A frame over
+    /// [`MAX_FRAME`] is an error (a proxy that must go on uses [`Frame::read_or_skip`]).
     pub fn read(r: &mut impl Read) -> io::Result<Option<Self>> {
-        let mut header = [0u8; 10];
-        let mut got = 0;
-        while got < header.len() {
-            match r.read(&mut header[got..]) {
-                Ok(0) if got == 0 => return Ok(None),
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        if len > MAX_FRAME {
-            return Err(io::Error::new(
+        match Self::read_or_skip(r)? {
+            None => Ok(None),
+            Some(Incoming::Frame(f)) => Ok(Some(f)),
+            Some(Incoming::Oversized { len, .. }) => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("ttrpc frame of {len} bytes exceeds {MAX_FRAME}"),
-            ));
+            )),
         }
-        let mut payload = vec![0u8; len];
-        r.read_exact(&mut payload)?;
-        Ok(Some(Self {
-            stream_id: u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
-            kind: header[8],
-            flags: header[9],
-            payload,
-        }))
     }
 
     /// The frame's bytes.
