@@ -15,11 +15,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use rustix::fs::OFlags;
 
 /// Whether a symbolic link in the last component of a path is followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,13 +32,13 @@ pub enum Symlinks {
 /// Opens `path` for reading without blocking and checks that it is a regular file; the file
 /// returned reads in blocking mode.
 pub fn open_regular(path: &Path, symlinks: Symlinks) -> io::Result<File> {
-    let mut flags = OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    let mut flags = OFlags::NONBLOCK | OFlags::NOCTTY;
     if symlinks == Symlinks::Refuse {
-        flags |= OFlag::O_NOFOLLOW;
+        flags |= OFlags::NOFOLLOW;
     }
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(flags.bits())
+        .custom_flags(flags.bits() as i32)
         .open(path)
         .map_err(|e| {
             let is_link =
@@ -57,9 +56,8 @@ pub fn open_regular(path: &Path, symlinks: Symlinks) -> io::Result<File> {
     if file_type.is_file() {
         // Back to blocking reads: O_NONBLOCK was for the open, and a network or FUSE file
         // system may honour it on a regular file with EAGAIN.
-        let fd = file.as_raw_fd();
-        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-        fcntl(fd, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+        let flags = rustix::fs::fcntl_getfl(&file)?;
+        rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
         return Ok(file);
     }
     let what = if file_type.is_fifo() {
@@ -132,7 +130,7 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     fn fifo(path: &Path) {
-        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        crate::testutil::mkfifo(path).expect("mkfifo");
     }
 
     #[test]
@@ -239,9 +237,8 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, "x").expect("write");
         let f = open_regular(&p, Symlinks::Refuse).expect("open");
-        let flags =
-            OFlag::from_bits_truncate(fcntl(f.as_raw_fd(), FcntlArg::F_GETFL).expect("flags"));
-        assert!(!flags.contains(OFlag::O_NONBLOCK), "{flags:?}");
+        let flags = rustix::fs::fcntl_getfl(&f).expect("flags");
+        assert!(!flags.contains(OFlags::NONBLOCK), "{flags:?}");
     }
 
     #[test]

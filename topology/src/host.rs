@@ -516,8 +516,7 @@ mod tests {
     fn topology_xml_must_be_a_regular_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fifo = dir.path().join("host.xml");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .expect("mkfifo");
+        crate::testutil::mkfifo(&fifo).expect("mkfifo");
         for (path, what) in [
             (fifo, "FIFO"),
             (PathBuf::from("/dev/zero"), "character device"),

@@ -33,7 +33,21 @@ pub use verdict::{Decision, Finding, Operation, Rule, Severity, UpdateClass, Ver
 
 #[cfg(test)]
 pub(crate) mod testutil {
-    //! A sysfs tree in a temporary directory that lives as long as the value.
+    //! A sysfs tree in a temporary directory that lives as long as the value, and FIFOs where
+    //! a file is expected.
+
+    /// Makes a FIFO at `path`.
+    pub(crate) fn mkfifo(path: &std::path::Path) -> std::io::Result<()> {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .map_err(std::io::Error::from)
+    }
+
     use crate::host::Bdf;
     use crate::simulate;
 

@@ -384,8 +384,7 @@ mod tests {
         let state_dir = dir.path().join("state");
         let g = GroupState::open(&state_dir, "k8s.io", "sb1").expect("open");
         let fifo = g.dir().join("verdicts/c1.json");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .expect("mkfifo");
+        crate::testutil::mkfifo(&fifo).expect("mkfifo");
         let outside = dir.path().join("outside.json");
         fs::write(&outside, "{}").expect("write");
         std::os::unix::fs::symlink(&outside, g.dir().join("tasks/c2.json")).expect("symlink");

@@ -398,8 +398,7 @@ mod tests {
         tree.device(b, 0, Some("vfio-pci"), Some("3"));
         let numa_a = tree.root().join(format!("bus/pci/devices/{a}/numa_node"));
         std::fs::remove_file(&numa_a).expect("remove");
-        nix::unistd::mkfifo(&numa_a, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .expect("mkfifo");
+        crate::testutil::mkfifo(&numa_a).expect("mkfifo");
         let numa_b = tree.root().join(format!("bus/pci/devices/{b}/numa_node"));
         std::fs::remove_file(&numa_b).expect("remove");
         std::fs::create_dir(&numa_b).expect("mkdir");
@@ -581,10 +580,7 @@ mod tests {
                 std::fs::create_dir_all(parent)?;
             }
             match thing {
-                Thing::Fifo => {
-                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                        .map_err(io::Error::from)?
-                }
+                Thing::Fifo => crate::testutil::mkfifo(&path)?,
                 Thing::Socket => drop(std::os::unix::net::UnixListener::bind(&path)?),
                 Thing::Dir => std::fs::create_dir(&path)?,
                 Thing::Dangling => symlink("../../nowhere/at/all", &path)?,
