@@ -9,8 +9,6 @@
 //! container gets a character device at `/dev/vfio/42` (a copy of /dev/null's numbers) so the
 //! OCI spec carries it exactly as Kata's would.
 
-#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

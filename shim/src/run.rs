@@ -64,7 +64,7 @@ fn other(args: &Args) -> ExitCode {
 }
 
 /// Takes ownership of the listening socket `start` bound and passed down.
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "adopting the listener fd start passed down")]
 fn listener_from_fd(fd: i32) -> Option<UnixListener> {
     let valid = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_ok();
     if !valid || fd < 3 {

@@ -1,6 +1,7 @@
 //! Shared helpers for the core's tests: real hwloc topologies from hwloc's own test suite
 //! (`tests/fixtures/hwloc`), sysfs trees built in temporary directories, and OCI specs.
 
+// Each test binary includes this module and uses part of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
