@@ -9,11 +9,11 @@
 mod announce;
 mod host;
 mod observe;
+mod specs;
 mod store;
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ use crate::error::ShimError;
 use announce::Announcer;
 use host::HostCache;
 use observe::Observer;
+use specs::SpecCache;
 pub(crate) use store::BaselineOf;
 use store::PodStore;
 
@@ -107,8 +108,7 @@ pub(crate) struct PodChecks {
     host: HostCache,
     sysfs: Sysfs,
     store: PodStore,
-    /// Parsed specs by bundle: an update must not re-parse `config.json`.
-    specs: Mutex<HashMap<PathBuf, Arc<ContainerSpec>>>,
+    specs: SpecCache,
     /// Baselines of creates accepted before the topology loaded.
     pending_baselines: Mutex<Vec<(BaselineOf, Arc<ContainerSpec>)>>,
     announcer: Announcer,
@@ -142,7 +142,7 @@ impl PodChecks {
             store: PodStore::open(files, persist),
             namespace: namespace.to_string(),
             group: group.to_string(),
-            specs: Mutex::new(HashMap::new()),
+            specs: SpecCache::default(),
             pending_baselines: Mutex::new(Vec::new()),
             announcer: Announcer::default(),
             observer: Observer::new(),
@@ -251,37 +251,11 @@ impl PodChecks {
         }
     }
 
-    /// The spec in a bundle, parsed once per bundle (the parse happens outside the lock).
-    fn spec_of(
-        &self,
-        bundle: &Path,
-    ) -> Result<Arc<ContainerSpec>, kata_topo::request::RequestError> {
-        if let Some(spec) = self
-            .specs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(bundle)
-        {
-            return Ok(Arc::clone(spec));
-        }
-        let spec = Arc::new(ContainerSpec::from_file(&bundle.join("config.json"))?);
-        self.specs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(bundle.to_path_buf(), Arc::clone(&spec));
-        Ok(spec)
-    }
-
     /// A task `Create`: the sandbox's, a container's first (records its baseline), or a
     /// recreate of a container name the sandbox already ran (checked against its baseline).
     pub(crate) fn on_create(&self, task_id: &str, bundle: &Path) -> Outcome {
         let started = Instant::now();
-        // A recreate reuses the bundle path: always read what this Create brings.
-        self.specs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(bundle);
-        let spec = match self.spec_of(bundle) {
+        let spec = match self.specs.fresh(bundle) {
             Ok(s) => s,
             Err(e) => {
                 let mut v = failed_verdict(
@@ -347,7 +321,7 @@ impl PodChecks {
     pub(crate) fn on_update(&self, task_id: &str, resources_json: &[u8]) -> Outcome {
         let started = Instant::now();
         let record = self.store.task(task_id);
-        let spec = record.as_ref().map(|r| self.spec_of(&r.bundle));
+        let spec = record.as_ref().map(|r| self.specs.get(&r.bundle));
         let update = Resources::from_json(resources_json);
         let (spec, update, record) = match (spec, update, record) {
             (Some(Ok(spec)), Ok(update), Some(record)) => (spec, update, record),
@@ -484,10 +458,7 @@ impl PodChecks {
             OnAccept::Deleted { task_id } => {
                 let record = self.store.remove_task(&task_id);
                 if let Some(r) = &record {
-                    self.specs
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&r.bundle);
+                    self.specs.forget(&r.bundle);
                 }
                 self.announcer.forget(&task_id);
                 self.observer.cancel(&task_id);
@@ -514,7 +485,7 @@ impl PodChecks {
         let Some(record) = self.store.task(task_id) else {
             return;
         };
-        let Ok(spec) = self.spec_of(&record.bundle) else {
+        let Ok(spec) = self.specs.get(&record.bundle) else {
             return;
         };
         let started = Instant::now();
@@ -600,7 +571,7 @@ impl PodChecks {
 
     /// Where the pod's state lives.
     #[cfg(test)]
-    pub(crate) fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> std::path::PathBuf {
         self.store.dir().to_path_buf()
     }
 }
