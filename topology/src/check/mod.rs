@@ -1,0 +1,336 @@
+//! The rules: one request (create, recreate or update) against the pod's intent, its baseline
+//! and the host as it is now, giving a [`Verdict`].
+//!
+//! Severity comes from one table ([`severity`]) keyed by rule and policy, so the policy
+//! semantics (see the README, "Intent, rules and verdicts") live in one place:
+//!
+//! | rule | none | best-effort | restricted | single-numa-node |
+//! | --- | --- | --- | --- | --- |
+//! | `cpu-unknown`, `vfio-missing` | error | warning | error | error |
+//! | `intent-invalid` | error | error | error | error |
+//! | `check-failed` | warning (error with `fail_closed`) | ← | ← | ← |
+//! | `cpu-spans-numa` | – | – | – | error |
+//! | `cpu-outside-intent`, `mems-mismatch`, `memory-exceeds-nodes`, `vfio-remote` | – | warning | error | error |
+//! | `vfio-locality-unknown`, `topology-drift` | – | warning | warning | warning |
+//! | `vcpu-pinning-lost`, `vcpu-overlap` | – | warning | warning | error |
+//! | `vcpu-affinity-drift`, `guest-numa-uncovered` | – | warning | error | error |
+//!
+//! The VM rules need Kata's configuration ([`Request::kata`]) and, for what the VM actually
+//! got, its view ([`Request::vm`]).
+
+mod devices;
+mod drift;
+mod placement;
+mod severity;
+mod vfio;
+mod vm;
+
+use serde_json::{json, Value};
+
+use crate::host::Host;
+use crate::idset::IdSet;
+use crate::intent::{Baseline, Intent, Mode, Policy};
+use crate::kata::KataConfig;
+use crate::request::{ContainerKind, ContainerSpec, Resources};
+use crate::sysfs::Sysfs;
+use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
+use crate::vm::VmView;
+
+pub use severity::severity;
+
+/// Configured defaults (`[topology_guard]` or CLI defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Defaults {
+    /// `default_policy`.
+    pub policy: Policy,
+    /// `mode`.
+    pub mode: Mode,
+    /// `fail_closed`: a `check-failed` finding is an error.
+    pub fail_closed: bool,
+}
+
+/// Values that win over annotations (the CLI's `--policy` and `--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Overrides {
+    /// Policy to apply whatever the pod says.
+    pub policy: Option<Policy>,
+    /// Mode to apply whatever the pod says.
+    pub mode: Option<Mode>,
+}
+
+/// One request to check.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The container's OCI spec (annotations, devices, resources at create).
+    pub spec: &'a ContainerSpec,
+    /// For an update: the new `LinuxResources`.
+    pub update: Option<&'a Resources>,
+    /// For an update: the resources in force before it (default: the spec's).
+    pub current: Option<&'a Resources>,
+    /// The container's baseline, if one was recorded (makes a create a recreate).
+    pub baseline: Option<&'a Baseline>,
+    /// The container (task) id, when known.
+    pub container_id: Option<&'a str>,
+    /// CLI overrides.
+    pub overrides: Overrides,
+    /// Kata's configuration (with the pod's annotations applied), for the VM rules.
+    pub kata: Option<&'a KataConfig>,
+    /// What the VM actually got, for the observed VM rules.
+    pub vm: Option<&'a VmView>,
+}
+
+impl<'a> Request<'a> {
+    /// A create (or recreate, with a baseline) of this spec.
+    pub fn create(spec: &'a ContainerSpec) -> Self {
+        Self {
+            spec,
+            update: None,
+            current: None,
+            baseline: None,
+            container_id: None,
+            overrides: Overrides::default(),
+            kata: None,
+            vm: None,
+        }
+    }
+}
+/// A `check-failed` finding under a policy, or `None` when the policy does not report it.
+pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
+    severity(Rule::CheckFailed, policy, fail_closed).map(|severity| Finding {
+        rule: Rule::CheckFailed,
+        severity,
+        message: format!("the topology check could not run: {reason}; the request was not checked"),
+        expected: json!({"check": "completed"}),
+        observed: json!({"error": reason}),
+    })
+}
+
+/// The verdict for a request whose check could not run at all (no host topology, unreadable
+/// spec): one `check-failed` finding. Policy and mode come from the annotations when they are
+/// valid, else from the defaults.
+pub fn failed_verdict(
+    spec: Option<&ContainerSpec>,
+    operation: Operation,
+    class: Option<crate::verdict::UpdateClass>,
+    defaults: Defaults,
+    reason: &str,
+) -> Verdict {
+    let annotation = |key: &str| spec.and_then(|s| s.annotations.get(key));
+    let policy = annotation(crate::intent::ANNOTATION_POLICY)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.policy);
+    let mode = annotation(crate::intent::ANNOTATION_MODE)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.mode);
+    let mut verdict = Verdict {
+        operation,
+        class,
+        sandbox_id: spec.and_then(|s| s.sandbox_id.clone()),
+        container_id: None,
+        container_name: spec.and_then(|s| s.container_name.clone()),
+        pod: spec.map(|s| s.pod.clone()).unwrap_or_default(),
+        policy,
+        mode,
+        decision: Decision::Allow,
+        findings: check_failed(policy, defaults.fail_closed, reason)
+            .into_iter()
+            .collect(),
+    };
+    verdict.decide();
+    verdict
+}
+/// Runs the rules against one host.
+#[derive(Debug, Clone, Copy)]
+pub struct Checker<'h> {
+    host: &'h Host,
+    sysfs: Option<&'h Sysfs>,
+    defaults: Defaults,
+}
+
+struct Findings {
+    policy: Policy,
+    fail_closed: bool,
+    list: Vec<Finding>,
+}
+
+impl Findings {
+    fn add(&mut self, rule: Rule, message: String, expected: Value, observed: Value) {
+        if let Some(severity) = severity(rule, self.policy, self.fail_closed) {
+            self.list.push(Finding {
+                rule,
+                severity,
+                message,
+                expected,
+                observed,
+            });
+        }
+    }
+}
+
+fn node_word(nodes: &IdSet) -> &'static str {
+    if nodes.len() == 1 {
+        "node"
+    } else {
+        "nodes"
+    }
+}
+
+impl<'h> Checker<'h> {
+    /// A checker over a loaded host and, when VFIO devices are to be resolved, a sysfs tree.
+    pub fn new(host: &'h Host, sysfs: Option<&'h Sysfs>, defaults: Defaults) -> Self {
+        Self {
+            host,
+            sysfs,
+            defaults,
+        }
+    }
+
+    /// The host it checks against.
+    pub fn host(&self) -> &'h Host {
+        self.host
+    }
+    /// Checks one request.
+    pub fn check(&self, req: &Request<'_>) -> Verdict {
+        let spec = req.spec;
+        let (intent, intent_findings) = Intent::from_annotations(
+            &spec.annotations,
+            self.defaults.policy,
+            self.defaults.mode,
+            self.host,
+        );
+        let policy = req.overrides.policy.unwrap_or(intent.policy);
+        let mode = req.overrides.mode.unwrap_or(intent.mode);
+        let operation = match (req.update, spec.kind, req.baseline) {
+            (Some(_), _, _) => Operation::Update,
+            (None, ContainerKind::Sandbox, _) => Operation::Sandbox,
+            (None, _, Some(_)) => Operation::Recreate,
+            (None, _, None) => Operation::Create,
+        };
+        let current = req.current.unwrap_or(&spec.resources);
+        let class = req.update.map(|u| current.classify(u));
+        let effective = match req.update {
+            Some(u) => current.merged(u),
+            None => spec.resources.clone(),
+        };
+        let mut f = Findings {
+            policy,
+            fail_closed: self.defaults.fail_closed,
+            list: intent_findings,
+        };
+        let allowed = match (&intent.numa_nodes, req.baseline) {
+            (Some(n), _) => Some((n.clone(), "the pod's kata-topo.io/numa-nodes")),
+            (None, Some(b)) if !b.nodes().is_empty() => Some((b.nodes(), "the baseline")),
+            _ => None,
+        };
+        let allowed_ref = allowed.as_ref().map(|(n, _)| n);
+
+        let cpu_nodes = effective
+            .cpus
+            .as_ref()
+            .map(|cpus| self.check_cpus(&mut f, cpus, policy, allowed.as_ref()));
+        if let Some(mems) = &effective.mems {
+            self.check_mems(
+                &mut f,
+                mems,
+                effective.cpus.as_ref(),
+                cpu_nodes.as_ref(),
+                allowed.as_ref(),
+            );
+        }
+        if let Some(limit) = effective.memory_limit {
+            let nodes = effective
+                .mems
+                .as_ref()
+                .map(|m| m.intersection(&self.host.node_ids()))
+                .or_else(|| allowed_ref.cloned());
+            if let Some(nodes) = nodes.filter(|n| !n.is_empty()) {
+                let capacity = self.host.memory_of(&nodes);
+                if capacity > 0 && limit > capacity {
+                    f.add(
+                        Rule::MemoryExceedsNodes,
+                        format!(
+                            "memory limit {} exceeds the {} of NUMA {} {nodes}: the container \
+                             will spill onto remote nodes or be OOM-killed; lower the limit or \
+                             widen kata-topo.io/numa-nodes and cpuset.mems",
+                            human_bytes(limit),
+                            human_bytes(capacity),
+                            node_word(&nodes)
+                        ),
+                        json!({"max_bytes": capacity, "numa_nodes": nodes.to_vec()}),
+                        json!({"limit_bytes": limit}),
+                    );
+                }
+            }
+        }
+        for bad in &spec.bad_devices {
+            f.add(
+                Rule::VfioMissing,
+                format!(
+                    "device {:?} is not a VFIO group or iommufd device ({}); fix the device \
+                     request",
+                    bad.path, bad.reason
+                ),
+                json!({"device": "/dev/vfio/<group> or /dev/vfio/devices/vfioN"}),
+                json!({"device": bad.path}),
+            );
+        }
+        let devices = self.resolve_all(spec);
+        self.check_devices(&mut f, &devices, cpu_nodes.as_ref(), allowed.as_ref());
+        if let Some(baseline) = req.baseline {
+            self.check_drift(&mut f, baseline, &devices);
+        }
+        if let Some(kata) = req.kata {
+            self.check_kata(
+                &mut f,
+                kata,
+                current,
+                &effective,
+                req.update.is_some(),
+                req.vm,
+                &devices,
+            );
+        }
+        if let Some(vm) = req.vm {
+            let allowed_nodes = allowed_ref
+                .cloned()
+                .or_else(|| cpu_nodes.clone().filter(|n| !n.is_empty()));
+            self.check_vm(&mut f, vm, allowed_nodes.as_ref());
+        }
+
+        let mut verdict = Verdict {
+            operation,
+            class,
+            sandbox_id: spec.sandbox_id.clone(),
+            container_id: req.container_id.map(str::to_string),
+            container_name: spec.container_name.clone(),
+            pod: spec.pod.clone(),
+            policy,
+            mode,
+            decision: Decision::Allow,
+            findings: f.list,
+        };
+        verdict.decide();
+        verdict
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_reads_well() {
+        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+        assert_eq!(human_bytes(512 << 20), "512.0 MiB");
+    }
+}

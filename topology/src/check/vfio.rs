@@ -1,0 +1,88 @@
+//! VFIO locality: `vfio-missing`, `vfio-locality-unknown`, `vfio-remote`.
+
+use serde_json::{json, Value};
+
+use crate::host::Locality;
+use crate::idset::IdSet;
+use crate::verdict::Rule;
+
+use super::devices::Device;
+use super::{node_word, Checker, Findings};
+
+impl Checker<'_> {
+    /// `vfio-missing`, `vfio-locality-unknown`, `vfio-remote`, and `check-failed` for devices
+    /// that could not be looked at.
+    pub(super) fn check_devices(
+        &self,
+        f: &mut Findings,
+        devices: &[Device],
+        cpu_nodes: Option<&IdSet>,
+        allowed: Option<&(IdSet, &str)>,
+    ) {
+        let cpu_nodes = cpu_nodes.filter(|n| !n.is_empty());
+        for device in devices {
+            match device {
+                Device::Missing { path, reason } => f.add(
+                    Rule::VfioMissing,
+                    format!(
+                        "VFIO device {path} is not usable: {reason}; rebind it to vfio-pci or \
+                         recreate the pod with a device that exists"
+                    ),
+                    json!({"device": path, "driver": "vfio-pci"}),
+                    json!({"device": path, "reason": reason}),
+                ),
+                Device::Failed { path, reason } => f.add(
+                    Rule::CheckFailed,
+                    format!("cannot check VFIO device {path}: {reason}"),
+                    json!({"device": path}),
+                    json!({"error": reason}),
+                ),
+                Device::Usable {
+                    path,
+                    bdf,
+                    locality: Locality::Unknown(why),
+                } => f.add(
+                    Rule::VfioLocalityUnknown,
+                    format!(
+                        "VFIO device {bdf} ({path}) has no known NUMA locality on this \
+                         {}-node host ({why}); kata-topo cannot tell whether its DMA is local; \
+                         fix the firmware's locality (ACPI _PXM) or pin the pod by hand",
+                        self.host.nodes.len()
+                    ),
+                    json!({"numa_nodes": cpu_nodes.map(IdSet::to_vec)}),
+                    json!({"device": bdf, "numa_nodes": Value::Null, "reason": why}),
+                ),
+                Device::Usable {
+                    path,
+                    bdf,
+                    locality: Locality::Nodes(dev_nodes),
+                } => {
+                    let want = match (cpu_nodes, allowed) {
+                        (Some(c), _) if !dev_nodes.intersects(c) => {
+                            Some((c, "the container's CPUs".to_string()))
+                        }
+                        (_, Some((a, source))) if !dev_nodes.intersects(a) => {
+                            Some((a, format!("the allowed nodes ({source})")))
+                        }
+                        _ => None,
+                    };
+                    if let Some((want, what)) = want {
+                        f.add(
+                            Rule::VfioRemote,
+                            format!(
+                                "VFIO device {bdf} ({path}) is local to NUMA {} {dev_nodes} but \
+                                 {what} are on {} {want}: its DMA and interrupts cross the \
+                                 socket interconnect; move the cpuset to node {dev_nodes} or \
+                                 assign a device local to node {want}",
+                                node_word(dev_nodes),
+                                node_word(want),
+                            ),
+                            json!({"numa_nodes": want.to_vec()}),
+                            json!({"numa_nodes": dev_nodes.to_vec(), "device": bdf}),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
