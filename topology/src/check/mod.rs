@@ -1,19 +1,9 @@
 //! The rules: one request (create, recreate or update) against the pod's intent, its baseline
 //! and the host as it is now, giving a [`Verdict`].
 //!
-//! Severity comes from one table ([`severity`]) keyed by rule and policy, so the policy
-//! semantics (see the README, "Intent, rules and verdicts") live in one place:
-//!
-//! | rule | none | best-effort | restricted | single-numa-node |
-//! | --- | --- | --- | --- | --- |
-//! | `cpu-unknown`, `vfio-missing` | error | warning | error | error |
-//! | `intent-invalid` | error | error | error | error |
-//! | `check-failed` | warning (error with `fail_closed`) | ← | ← | ← |
-//! | `cpu-spans-numa` | – | – | – | error |
-//! | `cpu-outside-intent`, `mems-mismatch`, `memory-exceeds-nodes`, `vfio-remote` | – | warning | error | error |
-//! | `vfio-locality-unknown`, `topology-drift` | – | warning | warning | warning |
-//! | `vcpu-pinning-lost`, `vcpu-overlap` | – | warning | warning | error |
-//! | `vcpu-affinity-drift`, `guest-numa-uncovered` | – | warning | error | error |
+//! Severity comes from one table keyed by rule and policy (in `check/severity.rs`, read through
+//! [`severity()`]), so the policy semantics live in one place; the README's "Severity by policy"
+//! table is tested against it.
 //!
 //! The VM rules need Kata's configuration ([`Request::kata`]) and, for what the VM actually
 //! got, its view ([`Request::vm`]).
@@ -215,8 +205,17 @@ impl<'h> Checker<'h> {
         let mut f = Findings {
             policy,
             fail_closed: self.defaults.fail_closed,
-            list: intent_findings,
+            list: Vec::new(),
         };
+        // Weighed by the table like every other finding (`intent-invalid` is always an error).
+        for invalid in intent_findings {
+            f.add(
+                invalid.rule,
+                invalid.message,
+                invalid.expected,
+                invalid.observed,
+            );
+        }
         let allowed = match (&intent.numa_nodes, req.baseline) {
             (Some(n), _) => Some((n.clone(), "the pod's kata-topo.io/numa-nodes")),
             (None, Some(b)) if !b.nodes().is_empty() => Some((b.nodes(), "the baseline")),
