@@ -8,6 +8,7 @@
 //! The VM rules need Kata's configuration ([`Request::kata`]) and, for what the VM actually
 //! got, its view ([`Request::vm`]).
 
+mod context;
 mod devices;
 mod drift;
 mod placement;
@@ -19,12 +20,14 @@ use serde_json::{json, Value};
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Intent, Mode, Policy};
+use crate::intent::{Baseline, Mode, Policy};
 use crate::kata::KataConfig;
-use crate::request::{ContainerKind, ContainerSpec, Resources};
+use crate::request::{ContainerSpec, Resources};
 use crate::sysfs::Sysfs;
 use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
 use crate::vm::VmView;
+
+use context::Context;
 
 pub use severity::severity;
 
@@ -181,34 +184,14 @@ impl<'h> Checker<'h> {
     }
     /// Checks one request.
     pub fn check(&self, req: &Request<'_>) -> Verdict {
-        let spec = req.spec;
-        let (intent, intent_findings) = Intent::from_annotations(
-            &spec.annotations,
-            self.defaults.policy,
-            self.defaults.mode,
-            self.host,
-        );
-        let policy = req.overrides.policy.unwrap_or(intent.policy);
-        let mode = req.overrides.mode.unwrap_or(intent.mode);
-        let operation = match (req.update, spec.kind, req.baseline) {
-            (Some(_), _, _) => Operation::Update,
-            (None, ContainerKind::Sandbox, _) => Operation::Sandbox,
-            (None, _, Some(_)) => Operation::Recreate,
-            (None, _, None) => Operation::Create,
-        };
-        let current = req.current.unwrap_or(&spec.resources);
-        let class = req.update.map(|u| current.classify(u));
-        let effective = match req.update {
-            Some(u) => current.merged(u),
-            None => spec.resources.clone(),
-        };
+        let (cx, invalid_intent) = Context::new(self, *req);
         let mut f = Findings {
-            policy,
+            policy: cx.policy,
             fail_closed: self.defaults.fail_closed,
             list: Vec::new(),
         };
         // Weighed by the table like every other finding (`intent-invalid` is always an error).
-        for invalid in intent_findings {
+        for invalid in invalid_intent {
             f.add(
                 invalid.rule,
                 invalid.message,
@@ -216,32 +199,14 @@ impl<'h> Checker<'h> {
                 invalid.observed,
             );
         }
-        let allowed = match (&intent.numa_nodes, req.baseline) {
-            (Some(n), _) => Some((n.clone(), "the pod's kata-topo.io/numa-nodes")),
-            (None, Some(b)) if !b.nodes().is_empty() => Some((b.nodes(), "the baseline")),
-            _ => None,
-        };
-        let allowed_ref = allowed.as_ref().map(|(n, _)| n);
-
-        let cpu_nodes = effective
-            .cpus
-            .as_ref()
-            .map(|cpus| self.check_cpus(&mut f, cpus, policy, allowed.as_ref()));
-        if let Some(mems) = &effective.mems {
-            self.check_mems(
-                &mut f,
-                mems,
-                effective.cpus.as_ref(),
-                cpu_nodes.as_ref(),
-                allowed.as_ref(),
-            );
-        }
-        if let Some(limit) = effective.memory_limit {
-            let nodes = effective
+        placement::check(&cx, &mut f);
+        if let Some(limit) = cx.effective.memory_limit {
+            let nodes = cx
+                .effective
                 .mems
                 .as_ref()
                 .map(|m| m.intersection(&self.host.node_ids()))
-                .or_else(|| allowed_ref.cloned());
+                .or_else(|| cx.allowed_nodes().cloned());
             if let Some(nodes) = nodes.filter(|n| !n.is_empty()) {
                 let capacity = self.host.memory_of(&nodes);
                 if capacity > 0 && limit > capacity {
@@ -261,7 +226,7 @@ impl<'h> Checker<'h> {
                 }
             }
         }
-        for bad in &spec.bad_devices {
+        for bad in &req.spec.bad_devices {
             f.add(
                 Rule::VfioMissing,
                 format!(
@@ -273,38 +238,20 @@ impl<'h> Checker<'h> {
                 json!({"device": bad.path}),
             );
         }
-        let devices = self.resolve_all(spec);
-        self.check_devices(&mut f, &devices, cpu_nodes.as_ref(), allowed.as_ref());
-        if let Some(baseline) = req.baseline {
-            self.check_drift(&mut f, baseline, &devices);
-        }
-        if let Some(kata) = req.kata {
-            self.check_kata(
-                &mut f,
-                kata,
-                current,
-                &effective,
-                req.update.is_some(),
-                req.vm,
-                &devices,
-            );
-        }
-        if let Some(vm) = req.vm {
-            let allowed_nodes = allowed_ref
-                .cloned()
-                .or_else(|| cpu_nodes.clone().filter(|n| !n.is_empty()));
-            self.check_vm(&mut f, vm, allowed_nodes.as_ref());
-        }
+        vfio::check(&cx, &mut f);
+        drift::check(&cx, &mut f);
+        vm::check(&cx, &mut f);
 
+        let spec = req.spec;
         let mut verdict = Verdict {
-            operation,
-            class,
+            operation: cx.operation,
+            class: cx.class,
             sandbox_id: spec.sandbox_id.clone(),
             container_id: req.container_id.map(str::to_string),
             container_name: spec.container_name.clone(),
             pod: spec.pod.clone(),
-            policy,
-            mode,
+            policy: cx.policy,
+            mode: cx.mode,
             decision: Decision::Allow,
             findings: f.list,
         };

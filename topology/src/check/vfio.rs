@@ -1,88 +1,82 @@
-//! VFIO locality: `vfio-missing`, `vfio-locality-unknown`, `vfio-remote`.
+//! VFIO locality: `vfio-missing`, `vfio-locality-unknown`, `vfio-remote`, and `check-failed`
+//! for devices that could not be looked at.
 
 use serde_json::{json, Value};
 
-use crate::host::Locality;
+use crate::host::{Bdf, Locality};
 use crate::idset::IdSet;
 use crate::verdict::Rule;
 
+use super::context::Context;
 use super::devices::Device;
-use super::{node_word, Checker, Findings};
+use super::{node_word, Findings};
 
-impl Checker<'_> {
-    /// `vfio-missing`, `vfio-locality-unknown`, `vfio-remote`, and `check-failed` for devices
-    /// that could not be looked at.
-    pub(super) fn check_devices(
-        &self,
-        f: &mut Findings,
-        devices: &[Device],
-        cpu_nodes: Option<&IdSet>,
-        allowed: Option<&(IdSet, &str)>,
-    ) {
-        let cpu_nodes = cpu_nodes.filter(|n| !n.is_empty());
-        for device in devices {
-            match device {
-                Device::Missing { path, reason } => f.add(
-                    Rule::VfioMissing,
-                    format!(
-                        "VFIO device {path} is not usable: {reason}; rebind it to vfio-pci or \
-                         recreate the pod with a device that exists"
-                    ),
-                    json!({"device": path, "driver": "vfio-pci"}),
-                    json!({"device": path, "reason": reason}),
+/// The VFIO rules, device by device in the spec's order.
+pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+    for device in &cx.devices {
+        match device {
+            Device::Missing { path, reason } => f.add(
+                Rule::VfioMissing,
+                format!(
+                    "VFIO device {path} is not usable: {reason}; rebind it to vfio-pci or \
+                     recreate the pod with a device that exists"
                 ),
-                Device::Failed { path, reason } => f.add(
-                    Rule::CheckFailed,
-                    format!("cannot check VFIO device {path}: {reason}"),
-                    json!({"device": path}),
-                    json!({"error": reason}),
+                json!({"device": path, "driver": "vfio-pci"}),
+                json!({"device": path, "reason": reason}),
+            ),
+            Device::Failed { path, reason } => f.add(
+                Rule::CheckFailed,
+                format!("cannot check VFIO device {path}: {reason}"),
+                json!({"device": path}),
+                json!({"error": reason}),
+            ),
+            Device::Usable {
+                path,
+                bdf,
+                locality: Locality::Unknown(why),
+            } => f.add(
+                Rule::VfioLocalityUnknown,
+                format!(
+                    "VFIO device {bdf} ({path}) has no known NUMA locality on this \
+                     {}-node host ({why}); kata-topo cannot tell whether its DMA is local; \
+                     fix the firmware's locality (ACPI _PXM) or pin the pod by hand",
+                    cx.host.nodes.len()
                 ),
-                Device::Usable {
-                    path,
-                    bdf,
-                    locality: Locality::Unknown(why),
-                } => f.add(
-                    Rule::VfioLocalityUnknown,
-                    format!(
-                        "VFIO device {bdf} ({path}) has no known NUMA locality on this \
-                         {}-node host ({why}); kata-topo cannot tell whether its DMA is local; \
-                         fix the firmware's locality (ACPI _PXM) or pin the pod by hand",
-                        self.host.nodes.len()
-                    ),
-                    json!({"numa_nodes": cpu_nodes.map(IdSet::to_vec)}),
-                    json!({"device": bdf, "numa_nodes": Value::Null, "reason": why}),
-                ),
-                Device::Usable {
-                    path,
-                    bdf,
-                    locality: Locality::Nodes(dev_nodes),
-                } => {
-                    let want = match (cpu_nodes, allowed) {
-                        (Some(c), _) if !dev_nodes.intersects(c) => {
-                            Some((c, "the container's CPUs".to_string()))
-                        }
-                        (_, Some((a, source))) if !dev_nodes.intersects(a) => {
-                            Some((a, format!("the allowed nodes ({source})")))
-                        }
-                        _ => None,
-                    };
-                    if let Some((want, what)) = want {
-                        f.add(
-                            Rule::VfioRemote,
-                            format!(
-                                "VFIO device {bdf} ({path}) is local to NUMA {} {dev_nodes} but \
-                                 {what} are on {} {want}: its DMA and interrupts cross the \
-                                 socket interconnect; move the cpuset to node {dev_nodes} or \
-                                 assign a device local to node {want}",
-                                node_word(dev_nodes),
-                                node_word(want),
-                            ),
-                            json!({"numa_nodes": want.to_vec()}),
-                            json!({"numa_nodes": dev_nodes.to_vec(), "device": bdf}),
-                        );
-                    }
-                }
-            }
+                json!({"numa_nodes": cx.cpu_nodes().map(IdSet::to_vec)}),
+                json!({"device": bdf, "numa_nodes": Value::Null, "reason": why}),
+            ),
+            Device::Usable {
+                path,
+                bdf,
+                locality: Locality::Nodes(nodes),
+            } => vfio_remote(cx, path, *bdf, nodes, f),
         }
+    }
+}
+
+/// `vfio-remote`: the device is local to none of the CPUs' nodes or, without CPUs, to none of
+/// the allowed nodes.
+fn vfio_remote(cx: &Context<'_>, path: &str, bdf: Bdf, dev_nodes: &IdSet, f: &mut Findings) {
+    let want = match (cx.cpu_nodes(), &cx.allowed) {
+        (Some(c), _) if !dev_nodes.intersects(c) => Some((c, "the container's CPUs".to_string())),
+        (_, Some(a)) if !dev_nodes.intersects(&a.nodes) => {
+            Some((&a.nodes, format!("the allowed nodes ({})", a.source)))
+        }
+        _ => None,
+    };
+    if let Some((want, what)) = want {
+        f.add(
+            Rule::VfioRemote,
+            format!(
+                "VFIO device {bdf} ({path}) is local to NUMA {} {dev_nodes} but \
+                 {what} are on {} {want}: its DMA and interrupts cross the \
+                 socket interconnect; move the cpuset to node {dev_nodes} or \
+                 assign a device local to node {want}",
+                node_word(dev_nodes),
+                node_word(want),
+            ),
+            json!({"numa_nodes": want.to_vec()}),
+            json!({"numa_nodes": dev_nodes.to_vec(), "device": bdf}),
+        );
     }
 }
