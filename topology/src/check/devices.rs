@@ -22,7 +22,9 @@ pub(super) enum Device {
     /// Could not be looked at.
     Failed { path: String, reason: String },
 }
+
 impl Checker<'_> {
+    /// The devices behind one VFIO path of the spec.
     fn resolve(&self, vfio: &VfioRef) -> Vec<Device> {
         let path = vfio.path();
         let Some(sysfs) = self.sysfs else {
@@ -72,6 +74,7 @@ impl Checker<'_> {
             .collect()
     }
 
+    /// Every VFIO device of the spec, in the spec's order.
     pub(super) fn resolve_all(&self, spec: &ContainerSpec) -> Vec<Device> {
         spec.vfio.iter().flat_map(|v| self.resolve(v)).collect()
     }

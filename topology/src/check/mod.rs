@@ -1,12 +1,17 @@
 //! The rules: one request (create, recreate or update) against the pod's intent, its baseline
 //! and the host as it is now, giving a [`Verdict`].
 //!
-//! Severity comes from one table keyed by rule and policy (in `check/severity.rs`, read through
-//! [`severity()`]), so the policy semantics live in one place; the README's "Severity by policy"
-//! table is tested against it.
-//!
-//! The VM rules need Kata's configuration ([`Request::kata`]) and, for what the VM actually
-//! got, its view ([`Request::vm`]).
+//! - `severity.rs`, the severity policy: one table from rule × policy to severity, read through
+//!   [`severity()`]; the README's "Severity by policy" table is tested against it.
+//! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
+//!   the allowed NUMA nodes and what says so, where the CPUs are, the devices), worked out once
+//!   before any rule runs.
+//! - `devices.rs`: the spec's VFIO devices resolved against sysfs and the host, and the
+//!   baseline a first create records ([`Checker::record_baseline`]).
+//! - one file per rule family, each a `check(&Context, &mut Findings)`: `placement.rs` (CPUs
+//!   and memory), `vfio.rs` (VFIO devices), `drift.rs` (the host against the baseline) and
+//!   `vm.rs` (Kata's configuration and, for what the VM actually got, its view:
+//!   [`Request::kata`], [`Request::vm`]).
 
 mod context;
 mod devices;
@@ -87,6 +92,7 @@ impl<'a> Request<'a> {
         }
     }
 }
+
 /// A `check-failed` finding under a policy, or `None` when the policy does not report it.
 pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
     severity(Rule::CheckFailed, policy, fail_closed).map(|severity| Finding {
@@ -132,6 +138,7 @@ pub fn failed_verdict(
     verdict.decide();
     verdict
 }
+
 /// Runs the rules against one host.
 #[derive(Debug, Clone, Copy)]
 pub struct Checker<'h> {
@@ -140,6 +147,65 @@ pub struct Checker<'h> {
     defaults: Defaults,
 }
 
+impl<'h> Checker<'h> {
+    /// A checker over a loaded host and, when VFIO devices are to be resolved, a sysfs tree.
+    pub fn new(host: &'h Host, sysfs: Option<&'h Sysfs>, defaults: Defaults) -> Self {
+        Self {
+            host,
+            sysfs,
+            defaults,
+        }
+    }
+
+    /// The host it checks against.
+    pub fn host(&self) -> &'h Host {
+        self.host
+    }
+
+    /// Checks one request: works out its context, then runs the rule families over it.
+    pub fn check(&self, req: &Request<'_>) -> Verdict {
+        let (cx, invalid_intent) = Context::new(self, *req);
+        let mut f = Findings {
+            policy: cx.policy,
+            fail_closed: self.defaults.fail_closed,
+            list: Vec::new(),
+        };
+        // Weighed by the table like every other finding (`intent-invalid` is always an error).
+        for invalid in invalid_intent {
+            f.add(
+                invalid.rule,
+                invalid.message,
+                invalid.expected,
+                invalid.observed,
+            );
+        }
+        for family in FAMILIES {
+            family(&cx, &mut f);
+        }
+        let spec = req.spec;
+        let mut verdict = Verdict {
+            operation: cx.operation,
+            class: cx.class,
+            sandbox_id: spec.sandbox_id.clone(),
+            container_id: req.container_id.map(str::to_string),
+            container_name: spec.container_name.clone(),
+            pod: spec.pod.clone(),
+            policy: cx.policy,
+            mode: cx.mode,
+            decision: Decision::Allow,
+            findings: f.list,
+        };
+        verdict.decide();
+        verdict
+    }
+}
+
+/// The rule families, in the order their findings appear in a verdict.
+const FAMILIES: [fn(&Context<'_>, &mut Findings); 4] =
+    [placement::check, vfio::check, drift::check, vm::check];
+
+/// The findings of one check so far: each rule's finding is weighed by the severity table under
+/// the request's policy, and dropped when the policy does not report the rule.
 struct Findings {
     policy: Policy,
     fail_closed: bool,
@@ -160,123 +226,11 @@ impl Findings {
     }
 }
 
+/// "node" or "nodes", for messages.
 fn node_word(nodes: &IdSet) -> &'static str {
     if nodes.len() == 1 {
         "node"
     } else {
         "nodes"
-    }
-}
-
-impl<'h> Checker<'h> {
-    /// A checker over a loaded host and, when VFIO devices are to be resolved, a sysfs tree.
-    pub fn new(host: &'h Host, sysfs: Option<&'h Sysfs>, defaults: Defaults) -> Self {
-        Self {
-            host,
-            sysfs,
-            defaults,
-        }
-    }
-
-    /// The host it checks against.
-    pub fn host(&self) -> &'h Host {
-        self.host
-    }
-    /// Checks one request.
-    pub fn check(&self, req: &Request<'_>) -> Verdict {
-        let (cx, invalid_intent) = Context::new(self, *req);
-        let mut f = Findings {
-            policy: cx.policy,
-            fail_closed: self.defaults.fail_closed,
-            list: Vec::new(),
-        };
-        // Weighed by the table like every other finding (`intent-invalid` is always an error).
-        for invalid in invalid_intent {
-            f.add(
-                invalid.rule,
-                invalid.message,
-                invalid.expected,
-                invalid.observed,
-            );
-        }
-        placement::check(&cx, &mut f);
-        if let Some(limit) = cx.effective.memory_limit {
-            let nodes = cx
-                .effective
-                .mems
-                .as_ref()
-                .map(|m| m.intersection(&self.host.node_ids()))
-                .or_else(|| cx.allowed_nodes().cloned());
-            if let Some(nodes) = nodes.filter(|n| !n.is_empty()) {
-                let capacity = self.host.memory_of(&nodes);
-                if capacity > 0 && limit > capacity {
-                    f.add(
-                        Rule::MemoryExceedsNodes,
-                        format!(
-                            "memory limit {} exceeds the {} of NUMA {} {nodes}: the container \
-                             will spill onto remote nodes or be OOM-killed; lower the limit or \
-                             widen kata-topo.io/numa-nodes and cpuset.mems",
-                            human_bytes(limit),
-                            human_bytes(capacity),
-                            node_word(&nodes)
-                        ),
-                        json!({"max_bytes": capacity, "numa_nodes": nodes.to_vec()}),
-                        json!({"limit_bytes": limit}),
-                    );
-                }
-            }
-        }
-        for bad in &req.spec.bad_devices {
-            f.add(
-                Rule::VfioMissing,
-                format!(
-                    "device {:?} is not a VFIO group or iommufd device ({}); fix the device \
-                     request",
-                    bad.path, bad.reason
-                ),
-                json!({"device": "/dev/vfio/<group> or /dev/vfio/devices/vfioN"}),
-                json!({"device": bad.path}),
-            );
-        }
-        vfio::check(&cx, &mut f);
-        drift::check(&cx, &mut f);
-        vm::check(&cx, &mut f);
-
-        let spec = req.spec;
-        let mut verdict = Verdict {
-            operation: cx.operation,
-            class: cx.class,
-            sandbox_id: spec.sandbox_id.clone(),
-            container_id: req.container_id.map(str::to_string),
-            container_name: spec.container_name.clone(),
-            pod: spec.pod.clone(),
-            policy: cx.policy,
-            mode: cx.mode,
-            decision: Decision::Allow,
-            findings: f.list,
-        };
-        verdict.decide();
-        verdict
-    }
-}
-
-fn human_bytes(bytes: u64) -> String {
-    const GIB: u64 = 1 << 30;
-    const MIB: u64 = 1 << 20;
-    if bytes >= GIB {
-        format!("{:.1} GiB", bytes as f64 / GIB as f64)
-    } else {
-        format!("{:.1} MiB", bytes as f64 / MIB as f64)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_bytes_reads_well() {
-        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
-        assert_eq!(human_bytes(512 << 20), "512.0 MiB");
     }
 }

@@ -1,5 +1,5 @@
 //! CPU and memory placement: `cpu-unknown`, `cpu-spans-numa`, `cpu-outside-intent`,
-//! `mems-mismatch`.
+//! `mems-mismatch`, `memory-exceeds-nodes`.
 
 use serde_json::json;
 
@@ -19,6 +19,9 @@ pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
     }
     if let Some(mems) = &cx.effective.mems {
         mems_mismatch(cx, mems, f);
+    }
+    if let Some(limit) = cx.effective.memory_limit {
+        memory_exceeds_nodes(cx, limit, f);
     }
 }
 
@@ -156,5 +159,58 @@ fn mems_mismatch(cx: &Context<'_>, mems: &IdSet, f: &mut Findings) {
             expected,
             json!({"mems": mems.to_string(), "cpus": cx.cpus.as_ref().map(|c| c.set.to_string())}),
         );
+    }
+}
+
+/// `memory-exceeds-nodes`: the memory limit exceeds the memory of the nodes the container may
+/// take memory from (its `cpuset.mems`, else the allowed nodes).
+fn memory_exceeds_nodes(cx: &Context<'_>, limit: u64, f: &mut Findings) {
+    let host = cx.host;
+    let nodes = cx
+        .effective
+        .mems
+        .as_ref()
+        .map(|m| m.intersection(&host.node_ids()))
+        .or_else(|| cx.allowed_nodes().cloned());
+    let Some(nodes) = nodes.filter(|n| !n.is_empty()) else {
+        return;
+    };
+    let capacity = host.memory_of(&nodes);
+    if capacity > 0 && limit > capacity {
+        f.add(
+            Rule::MemoryExceedsNodes,
+            format!(
+                "memory limit {} exceeds the {} of NUMA {} {nodes}: the container \
+                 will spill onto remote nodes or be OOM-killed; lower the limit or \
+                 widen kata-topo.io/numa-nodes and cpuset.mems",
+                human_bytes(limit),
+                human_bytes(capacity),
+                node_word(&nodes)
+            ),
+            json!({"max_bytes": capacity, "numa_nodes": nodes.to_vec()}),
+            json!({"limit_bytes": limit}),
+        );
+    }
+}
+
+/// A size for people: GiB from one GiB up, else MiB, one decimal.
+fn human_bytes(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_reads_well() {
+        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+        assert_eq!(human_bytes(512 << 20), "512.0 MiB");
     }
 }

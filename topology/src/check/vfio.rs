@@ -11,8 +11,21 @@ use super::context::Context;
 use super::devices::Device;
 use super::{node_word, Findings};
 
-/// The VFIO rules, device by device in the spec's order.
+/// The VFIO rules: device paths that name no VFIO device, then the devices device by device in
+/// the spec's order.
 pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+    for bad in &cx.req.spec.bad_devices {
+        f.add(
+            Rule::VfioMissing,
+            format!(
+                "device {:?} is not a VFIO group or iommufd device ({}); fix the device \
+                 request",
+                bad.path, bad.reason
+            ),
+            json!({"device": "/dev/vfio/<group> or /dev/vfio/devices/vfioN"}),
+            json!({"device": bad.path}),
+        );
+    }
     for device in &cx.devices {
         match device {
             Device::Missing { path, reason } => f.add(
