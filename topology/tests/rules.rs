@@ -658,3 +658,68 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
         vec![]
     );
 }
+
+/// A KVM VM view whose vCPU threads may run on these CPU lists, in vCPU order.
+fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo::vm::VmView {
+    use kata_topo::vm::{Accel, Sampling, Vcpu, VmView};
+    VmView {
+        pid,
+        found_via: None,
+        comm: "qemu-system-x86".into(),
+        exe: None,
+        vmm: None,
+        accel: Some(Accel::Kvm),
+        kvm_vcpus: (0..allowed.len() as u32).collect(),
+        vcpus: allowed
+            .iter()
+            .zip(0..)
+            .map(|(cpus, index)| Vcpu {
+                index,
+                tid: pid + 1 + index,
+                allowed_cpus: cpus.parse().expect("cpu list"),
+                sources: Vec::new(),
+            })
+            .collect(),
+        unresolved: Vec::new(),
+        disagreements: Vec::new(),
+        notes: Vec::new(),
+        sampling: Sampling::default(),
+        memory_policies: Default::default(),
+        memory_nodes: kata_topo::IdSet::new(),
+        guest_nodes: Vec::new(),
+    }
+}
+
+#[test]
+fn vm_rules_on_the_vcpu_threads() {
+    let host = host(DGX2);
+    let s = spec().cpus("0-1").build();
+    let check = |vm: &kata_topo::vm::VmView| {
+        kata_topo::Checker::new(&host, None, Defaults::default()).check(&kata_topo::Request {
+            vm: Some(vm),
+            ..kata_topo::Request::create(&s)
+        })
+    };
+    // Each vCPU on its own CPU of node 0, where the cpuset is: nothing to report.
+    assert_eq!(rules(&check(&vm_view(700, &["0", "1"]))), vec![]);
+    // Two vCPUs on one CPU of node 1.
+    let v = check(&vm_view(700, &["0", "24", "24"]));
+    assert_eq!(
+        rules(&v),
+        vec![(VcpuAffinityDrift, Error), (VcpuOverlap, Warning)]
+    );
+    let drift = finding(&v, VcpuAffinityDrift);
+    assert_eq!(drift.expected, json!({"numa_nodes": [0]}));
+    assert_eq!(drift.observed["vcpus"][0]["vcpu"], json!(1));
+    assert!(
+        drift
+            .message
+            .starts_with("2 of the VM's 3 vCPU threads (pid 700)"),
+        "{}",
+        drift.message
+    );
+    assert_eq!(
+        finding(&v, VcpuOverlap).observed,
+        json!({"shared": [{"cpu": 24, "vcpus": [1, 2]}]})
+    );
+}
