@@ -63,7 +63,10 @@ fn vcpu_pinning_lost(cx: &Context<'_>, kata: &KataConfig, f: &mut Findings) {
         f.add(
             Rule::VcpuPinningLost,
             format!(
-                "Kata pins vCPUs only when their number equals the cpuset size: the VM                          will have {vcpus} vCPUs ({how}) for cpuset {cpus} ({} CPUs), so every                          vCPU floats over the whole cpuset; size the CPU limit and the cpuset                          alike",
+                "Kata pins vCPUs only when their number equals the cpuset size: the VM \
+                 will have {vcpus} vCPUs ({how}) for cpuset {cpus} ({} CPUs), so every \
+                 vCPU floats over the whole cpuset; size the CPU limit and the cpuset \
+                 alike",
                 cpus.len()
             ),
             json!({"vcpus": cpus.len()}),
@@ -89,7 +92,10 @@ fn guest_numa_uncovered(cx: &Context<'_>, kata: &KataConfig, f: &mut Findings) {
                 f.add(
                     Rule::GuestNumaUncovered,
                     format!(
-                        "VFIO device {bdf} ({path}) is local to host node {nodes}, which                                  numa_mapping does not map into the guest (it maps {mapped}): the                                  guest sees the device on no local node; add node {nodes} to                                  numa_mapping or use a device on node {mapped}"
+                        "VFIO device {bdf} ({path}) is local to host node {nodes}, which \
+                         numa_mapping does not map into the guest (it maps {mapped}): the \
+                         guest sees the device on no local node; add node {nodes} to \
+                         numa_mapping or use a device on node {mapped}"
                     ),
                     json!({"numa_nodes": mapped.to_vec()}),
                     json!({"numa_nodes": nodes.to_vec(), "device": bdf}),
@@ -118,7 +124,9 @@ fn vcpu_affinity_drift(cx: &Context<'_>, vm: &VmView, f: &mut Findings) {
         f.add(
             Rule::VcpuAffinityDrift,
             format!(
-                "{} of the VM's {} vCPU threads (pid {}) may run on CPUs outside NUMA                          {} {allowed}: the guest runs cross-NUMA whatever its cpuset says;                          restore the sandbox cgroup's cpuset or Kata's vCPU pinning",
+                "{} of the VM's {} vCPU threads (pid {}) may run on CPUs outside NUMA \
+                 {} {allowed}: the guest runs cross-NUMA whatever its cpuset says; \
+                 restore the sandbox cgroup's cpuset or Kata's vCPU pinning",
                 drifting.len(),
                 vm.vcpus.len(),
                 vm.pid,
@@ -149,7 +157,9 @@ fn vcpu_overlap(vm: &VmView, f: &mut Findings) {
         f.add(
             Rule::VcpuOverlap,
             format!(
-                "several vCPUs of VM pid {} are pinned to the same host CPU ({}): they                      time-share one core (Kata issue #13539); recreate the sandbox or re-pin                      its vCPU threads",
+                "several vCPUs of VM pid {} are pinned to the same host CPU ({}): they \
+                 time-share one core (Kata issue #13539); recreate the sandbox or re-pin \
+                 its vCPU threads",
                 vm.pid,
                 shared
                     .iter()
