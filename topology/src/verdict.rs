@@ -95,6 +95,26 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
+    /// the severity table and the README's table are held complete against.
+    pub const ALL: [Rule; 15] = [
+        Self::CpuUnknown,
+        Self::CpuSpansNuma,
+        Self::CpuOutsideIntent,
+        Self::MemsMismatch,
+        Self::MemoryExceedsNodes,
+        Self::VfioRemote,
+        Self::VfioLocalityUnknown,
+        Self::VfioMissing,
+        Self::TopologyDrift,
+        Self::VcpuPinningLost,
+        Self::VcpuAffinityDrift,
+        Self::VcpuOverlap,
+        Self::GuestNumaUncovered,
+        Self::CheckFailed,
+        Self::IntentInvalid,
+    ];
+
     /// The kebab-case id.
     pub fn id(self) -> &'static str {
         match self {
@@ -394,6 +414,21 @@ mod tests {
         assert_eq!(json["container_id"], Value::Null);
         let back: Verdict = serde_json::from_value(json).expect("round trip");
         assert_eq!(back, v);
+    }
+
+    #[test]
+    fn all_lists_every_rule_once_in_declaration_order() {
+        // serde names every variant, in declaration order, when it refuses an unknown one: the
+        // enum's own list, so a rule missing from ALL fails here.
+        let refusal = serde_json::from_str::<Rule>("\"no-such-rule\"")
+            .expect_err("not a rule")
+            .to_string();
+        let variants: Vec<&str> = refusal.split('`').skip(3).step_by(2).collect();
+        let ids: Vec<&str> = Rule::ALL.iter().map(|r| r.id()).collect();
+        assert_eq!(variants, ids, "{refusal}");
+        for (i, rule) in Rule::ALL.into_iter().enumerate() {
+            assert_eq!(rule as usize, i, "{rule}");
+        }
     }
 
     #[test]

@@ -658,3 +658,187 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
         vec![]
     );
 }
+
+/// A KVM VM view whose vCPU threads may run on these CPU lists, in vCPU order.
+fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo::vm::VmView {
+    use kata_topo::vm::{Accel, Sampling, Vcpu, VmView};
+    VmView {
+        pid,
+        found_via: None,
+        comm: "qemu-system-x86".into(),
+        exe: None,
+        vmm: None,
+        accel: Some(Accel::Kvm),
+        kvm_vcpus: (0..allowed.len() as u32).collect(),
+        vcpus: allowed
+            .iter()
+            .zip(0..)
+            .map(|(cpus, index)| Vcpu {
+                index,
+                tid: pid + 1 + index,
+                allowed_cpus: cpus.parse().expect("cpu list"),
+                sources: Vec::new(),
+            })
+            .collect(),
+        unresolved: Vec::new(),
+        disagreements: Vec::new(),
+        notes: Vec::new(),
+        sampling: Sampling::default(),
+        memory_policies: Default::default(),
+        memory_nodes: kata_topo::IdSet::new(),
+        guest_nodes: Vec::new(),
+    }
+}
+
+#[test]
+fn vm_rules_on_the_vcpu_threads() {
+    let host = host(DGX2);
+    let s = spec().cpus("0-1").build();
+    let check = |vm: &kata_topo::vm::VmView| {
+        kata_topo::Checker::new(&host, None, Defaults::default()).check(&kata_topo::Request {
+            vm: Some(vm),
+            ..kata_topo::Request::create(&s)
+        })
+    };
+    // Each vCPU on its own CPU of node 0, where the cpuset is: nothing to report.
+    assert_eq!(rules(&check(&vm_view(700, &["0", "1"]))), vec![]);
+    // Two vCPUs on one CPU of node 1.
+    let v = check(&vm_view(700, &["0", "24", "24"]));
+    assert_eq!(
+        rules(&v),
+        vec![(VcpuAffinityDrift, Error), (VcpuOverlap, Warning)]
+    );
+    let drift = finding(&v, VcpuAffinityDrift);
+    assert_eq!(drift.expected, json!({"numa_nodes": [0]}));
+    assert_eq!(drift.observed["vcpus"][0]["vcpu"], json!(1));
+    assert!(
+        drift
+            .message
+            .starts_with("2 of the VM's 3 vCPU threads (pid 700)"),
+        "{}",
+        drift.message
+    );
+    assert_eq!(
+        finding(&v, VcpuOverlap).observed,
+        json!({"shared": [{"cpu": 24, "vcpus": [1, 2]}]})
+    );
+}
+
+/// Every rule's message, produced on real topologies: one line for the kubelet's event and the
+/// refusal it carries, without runs of spaces (string literals that lost their `\`
+/// continuations) or control characters.
+#[test]
+fn every_rule_message_is_one_clean_line() {
+    let dgx2 = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let pinning = kata(true, false);
+    let numa = kata_topo::kata::KataConfig {
+        enable_numa: true,
+        numa_mapping: vec!["0".parse().expect("set")],
+        ..Default::default()
+    };
+    let vm = vm_view(700, &["0", "24", "24"]);
+    let single = spec()
+        .cpus("0-1,24")
+        .device("/dev/vfio/20")
+        .device("/dev/vfio/99")
+        .device("/dev/vfio/../x")
+        .policy("single-numa-node")
+        .nodes("0")
+        .build();
+    let resize = resources(json!({"cpu": {"quota": 400_000, "period": 100_000}}));
+    let mut verdicts = vec![
+        // cpu-spans-numa, cpu-outside-intent, vfio-remote, vfio-missing (both kinds),
+        // vcpu-pinning-lost, vcpu-affinity-drift, vcpu-overlap.
+        kata_topo::Checker::new(&dgx2, Some(&sysfs), Defaults::default()).check(
+            &kata_topo::Request {
+                update: Some(&resize),
+                kata: Some(&pinning),
+                vm: Some(&vm),
+                ..kata_topo::Request::create(&single)
+            },
+        ),
+        // guest-numa-uncovered.
+        check_with_kata(&dgx2, Some(&sysfs), &single, None, &numa),
+        // check-failed: no sysfs to resolve the device with.
+        create(
+            &dgx2,
+            None,
+            &spec().cpus("0-1").device("/dev/vfio/10").build(),
+        ),
+        // intent-invalid.
+        create(
+            &dgx2,
+            None,
+            &spec()
+                .cpus("0-1")
+                .policy("strict")
+                .annotation("kata-topo.io/mode", "../enforce")
+                .nodes("0-")
+                .build(),
+        ),
+    ];
+    // cpu-unknown.
+    let offline = host("16em64t-4s2c2t-offlines.xml");
+    verdicts.push(create(&offline, None, &spec().cpus("0-2,99").build()));
+    // cpu-outside-intent.
+    let interleaved = host(INTERLEAVED);
+    verdicts.push(create(
+        &interleaved,
+        None,
+        &spec().cpus("0-3").nodes("0").build(),
+    ));
+    // mems-mismatch, memory-exceeds-nodes.
+    let vfs = host(VFS);
+    let node1 = vfs.node(1).expect("node 1").memory_bytes as i64;
+    verdicts.push(create(
+        &vfs,
+        None,
+        &spec().cpus("0-7").mems("1,5").memory(node1 * 2).build(),
+    ));
+    // vfio-locality-unknown.
+    let nolocality = host("fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml");
+    let unknown = Tree::new().vfio("0000:02:00.0", 2, "15");
+    verdicts.push(create(
+        &nolocality,
+        Some(&unknown.sysfs()),
+        &spec().cpus("0").device("/dev/vfio/15").build(),
+    ));
+    // topology-drift: the device moved since admission.
+    let moving = Tree::new().vfio("0000:c1:00.0", 1, "60");
+    let s = spec().cpus("8-15").device("/dev/vfio/60").build();
+    let baseline = kata_topo::Checker::new(&vfs, Some(&moving.sysfs()), Defaults::default())
+        .record_baseline(&s);
+    moving
+        .tree
+        .add_device(bdf("0000:c1:00.0"), 0, Some("vfio-pci"), Some("60"))
+        .expect("move");
+    verdicts.push(recreate(&vfs, Some(&moving.sysfs()), &s, &baseline));
+
+    let mut seen: Vec<Rule> = Vec::new();
+    for v in &verdicts {
+        for f in &v.findings {
+            assert!(
+                !f.message.contains("  "),
+                "{}: a run of spaces in {:?}",
+                f.rule,
+                f.message
+            );
+            assert!(
+                !f.message.chars().any(char::is_control),
+                "{}: a control character in {:?}",
+                f.rule,
+                f.message
+            );
+            assert_eq!(f.message.trim(), f.message, "{}", f.rule);
+            seen.push(f.rule);
+        }
+        let refusal = v.refusal();
+        assert!(!refusal.contains("  "), "{refusal}");
+        assert!(!refusal.chars().any(char::is_control), "{refusal:?}");
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, Rule::ALL, "every rule, produced at least once");
+}

@@ -1,0 +1,279 @@
+//! What one request is about, worked out once before any rule runs: the policy and mode in
+//! force, the resources the container will have, the NUMA nodes it may use and what says so,
+//! where its CPUs are, and its VFIO devices as sysfs shows them now. The rules read it; none
+//! of them works any of it out again.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::host::Host;
+use crate::idset::IdSet;
+use crate::intent::{Intent, Mode, Policy};
+use crate::request::{ContainerKind, Resources};
+use crate::verdict::{Finding, Operation, UpdateClass};
+
+use super::devices::Device;
+use super::{Checker, Request};
+
+/// The NUMA nodes a container may use, and what says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Allowed {
+    /// The nodes.
+    pub(super) nodes: IdSet,
+    /// Where they come from (messages name it).
+    pub(super) source: AllowedBy,
+}
+
+/// What names a container's allowed nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AllowedBy {
+    /// The pod's `kata-topo.io/numa-nodes` annotation.
+    Annotation,
+    /// The container's baseline: its CPUs' nodes and memory nodes at its first create.
+    Baseline,
+}
+
+impl fmt::Display for AllowedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Annotation => "the pod's kata-topo.io/numa-nodes",
+            Self::Baseline => "the baseline",
+        })
+    }
+}
+
+/// The container's cpuset (as the request leaves it) and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Cpus {
+    /// The cpuset.
+    pub(super) set: IdSet,
+    /// Its CPUs the host has online.
+    pub(super) online: IdSet,
+    /// Their home NUMA nodes.
+    pub(super) nodes: IdSet,
+}
+
+/// One request and what it is about.
+#[derive(Debug)]
+pub(super) struct Context<'r> {
+    /// The host it is checked against.
+    pub(super) host: &'r Host,
+    /// The request.
+    pub(super) req: Request<'r>,
+    /// The policy in force: the CLI's override, else the pod's annotation, else the default.
+    pub(super) policy: Policy,
+    /// The mode in force, likewise.
+    pub(super) mode: Mode,
+    /// What is checked.
+    pub(super) operation: Operation,
+    /// For an update, what it changes.
+    pub(super) class: Option<UpdateClass>,
+    /// The resources in force before the request: an update's `current`, else the spec's.
+    pub(super) current: &'r Resources,
+    /// The resources the container has if the request goes through.
+    pub(super) effective: Cow<'r, Resources>,
+    /// The NUMA nodes the container may use: the pod's annotation, else its baseline's nodes.
+    pub(super) allowed: Option<Allowed>,
+    /// The effective cpuset and where it runs; `None` when the container has no cpuset.
+    pub(super) cpus: Option<Cpus>,
+    /// The spec's VFIO devices, resolved against sysfs and the host.
+    pub(super) devices: Vec<Device>,
+}
+
+impl<'r> Context<'r> {
+    /// Works out what `req` is about, and returns with it the findings about the pod's
+    /// intent (invalid annotations, whose defaults then stand in).
+    pub(super) fn new(checker: &Checker<'r>, req: Request<'r>) -> (Self, Vec<Finding>) {
+        let host = checker.host;
+        let spec = req.spec;
+        let (intent, invalid) = Intent::from_annotations(
+            &spec.annotations,
+            checker.defaults.policy,
+            checker.defaults.mode,
+            host,
+        );
+        let operation = match (req.update, spec.kind, req.baseline) {
+            (Some(_), _, _) => Operation::Update,
+            (None, ContainerKind::Sandbox, _) => Operation::Sandbox,
+            (None, _, Some(_)) => Operation::Recreate,
+            (None, _, None) => Operation::Create,
+        };
+        let current = req.current.unwrap_or(&spec.resources);
+        let effective = match req.update {
+            Some(u) => Cow::Owned(current.merged(u)),
+            None => Cow::Borrowed(&spec.resources),
+        };
+        let allowed = match (intent.numa_nodes, req.baseline) {
+            (Some(nodes), _) => Some(Allowed {
+                nodes,
+                source: AllowedBy::Annotation,
+            }),
+            (None, Some(b)) if !b.nodes().is_empty() => Some(Allowed {
+                nodes: b.nodes(),
+                source: AllowedBy::Baseline,
+            }),
+            _ => None,
+        };
+        let cpus = effective.cpus.as_ref().map(|set| {
+            let online = set.intersection(&host.online_cpus);
+            Cpus {
+                set: set.clone(),
+                nodes: host.nodes_of_cpus(&online),
+                online,
+            }
+        });
+        let cx = Self {
+            host,
+            req,
+            policy: req.overrides.policy.unwrap_or(intent.policy),
+            mode: req.overrides.mode.unwrap_or(intent.mode),
+            operation,
+            class: req.update.map(|u| current.classify(u)),
+            current,
+            effective,
+            allowed,
+            cpus,
+            devices: checker.resolve_all(spec),
+        };
+        (cx, invalid)
+    }
+
+    /// The allowed nodes, if any.
+    pub(super) fn allowed_nodes(&self) -> Option<&IdSet> {
+        self.allowed.as_ref().map(|a| &a.nodes)
+    }
+
+    /// The home nodes of the container's CPUs, when it has a cpuset with online CPUs.
+    pub(super) fn cpu_nodes(&self) -> Option<&IdSet> {
+        self.cpus
+            .as_ref()
+            .map(|c| &c.nodes)
+            .filter(|n| !n.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{Defaults, Overrides};
+    use crate::host::TopologySource;
+    use crate::intent::{Baseline, BASELINE_VERSION};
+    use crate::request::ContainerSpec;
+
+    fn host(name: &str) -> Host {
+        let xml = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/hwloc/xml")
+            .join(name);
+        Host::load(&TopologySource::Xml(xml)).expect("fixture loads")
+    }
+
+    fn spec(cpus: &str, annotations: serde_json::Value) -> ContainerSpec {
+        let json = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "annotations": annotations,
+            "linux": {"resources": {"cpu": {"cpus": cpus}}}
+        });
+        ContainerSpec::from_json(json.to_string().as_bytes()).expect("spec")
+    }
+
+    fn baseline(cpu_nodes: &str, mems: Option<&str>) -> Baseline {
+        Baseline {
+            version: BASELINE_VERSION,
+            sandbox_id: None,
+            container_name: None,
+            cpus: None,
+            mems: mems.map(|m| m.parse().expect("set")),
+            cpu_nodes: cpu_nodes.parse().expect("set"),
+            devices: Vec::new(),
+            topology_fingerprint: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_annotation_names_the_allowed_nodes_before_the_baseline() {
+        let host = host("nvidiaDGX2.xml");
+        let checker = Checker::new(&host, None, Defaults::default());
+        let annotated = spec("0-1", serde_json::json!({"kata-topo.io/numa-nodes": "1"}));
+        let plain = spec("0-1", serde_json::json!({}));
+        let placed = baseline("0", Some("0-1"));
+        let empty = baseline("", None);
+        let allowed = |spec: &ContainerSpec, baseline: Option<&Baseline>| {
+            let req = Request {
+                baseline,
+                ..Request::create(spec)
+            };
+            Context::new(&checker, req).0.allowed
+        };
+        let by = |nodes: &str, source| {
+            Some(Allowed {
+                nodes: nodes.parse().expect("set"),
+                source,
+            })
+        };
+        assert_eq!(
+            allowed(&annotated, Some(&placed)),
+            by("1", AllowedBy::Annotation)
+        );
+        // The baseline's CPU nodes and memory nodes together.
+        assert_eq!(
+            allowed(&plain, Some(&placed)),
+            by("0-1", AllowedBy::Baseline)
+        );
+        assert_eq!(allowed(&plain, Some(&empty)), None);
+        assert_eq!(allowed(&plain, None), None);
+        assert_eq!(
+            AllowedBy::Annotation.to_string(),
+            "the pod's kata-topo.io/numa-nodes"
+        );
+        assert_eq!(AllowedBy::Baseline.to_string(), "the baseline");
+    }
+
+    #[test]
+    fn an_update_is_checked_as_the_container_will_be() {
+        let host = host("nvidiaDGX2.xml");
+        let checker = Checker::new(&host, None, Defaults::default());
+        let s = spec("0-1", serde_json::json!({"kata-topo.io/policy": "none"}));
+        let push = Resources::from_json(br#"{"cpu": {"cpus": "24-25"}}"#).expect("update");
+        let (cx, invalid) = Context::new(
+            &checker,
+            Request {
+                update: Some(&push),
+                overrides: Overrides {
+                    policy: None,
+                    mode: Some(Mode::Enforce),
+                },
+                ..Request::create(&s)
+            },
+        );
+        assert!(invalid.is_empty());
+        assert_eq!(cx.operation, Operation::Update);
+        assert_eq!(cx.class, Some(UpdateClass::Cpuset));
+        assert_eq!((cx.policy, cx.mode), (Policy::None, Mode::Enforce));
+        assert_eq!(cx.current, &s.resources);
+        let cpus = cx.cpus.as_ref().expect("a cpuset");
+        assert_eq!(cpus.set.to_string(), "24-25");
+        assert_eq!(
+            cx.cpu_nodes().map(ToString::to_string).as_deref(),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn offline_cpus_have_no_home_node() {
+        let host = host("16em64t-4s2c2t-offlines.xml");
+        let checker = Checker::new(&host, None, Defaults::default());
+        let s = spec("2", serde_json::json!({"kata-topo.io/policy": "bogus"}));
+        let (cx, invalid) = Context::new(&checker, Request::create(&s));
+        assert_eq!(invalid.len(), 1, "{invalid:?}");
+        assert_eq!(cx.operation, Operation::Create);
+        assert_eq!(cx.policy, Policy::Restricted);
+        let cpus = cx.cpus.as_ref().expect("a cpuset");
+        assert!(cpus.online.is_empty() && cpus.nodes.is_empty(), "{cpus:?}");
+        // The cpuset is there (the memory rule compares against it); its nodes are not.
+        assert_eq!(cx.cpu_nodes(), None);
+        let mut unpinned = s.clone();
+        unpinned.resources.cpus = None;
+        let (cx, _) = Context::new(&checker, Request::create(&unpinned));
+        assert_eq!((&cx.cpus, cx.cpu_nodes()), (&None, None));
+    }
+}

@@ -1,0 +1,236 @@
+//! The rules: one request (create, recreate or update) against the pod's intent, its baseline
+//! and the host as it is now, giving a [`Verdict`].
+//!
+//! - `severity.rs`, the severity policy: one table from rule × policy to severity, read through
+//!   [`severity()`]; the README's "Severity by policy" table is tested against it.
+//! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
+//!   the allowed NUMA nodes and what says so, where the CPUs are, the devices), worked out once
+//!   before any rule runs.
+//! - `devices.rs`: the spec's VFIO devices resolved against sysfs and the host, and the
+//!   baseline a first create records ([`Checker::record_baseline`]).
+//! - one file per rule family, each a `check(&Context, &mut Findings)`: `placement.rs` (CPUs
+//!   and memory), `vfio.rs` (VFIO devices), `drift.rs` (the host against the baseline) and
+//!   `vm.rs` (Kata's configuration and, for what the VM actually got, its view:
+//!   [`Request::kata`], [`Request::vm`]).
+
+mod context;
+mod devices;
+mod drift;
+mod placement;
+mod severity;
+mod vfio;
+mod vm;
+
+use serde_json::{json, Value};
+
+use crate::host::Host;
+use crate::idset::IdSet;
+use crate::intent::{Baseline, Mode, Policy};
+use crate::kata::KataConfig;
+use crate::request::{ContainerSpec, Resources};
+use crate::sysfs::Sysfs;
+use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
+use crate::vm::VmView;
+
+use context::Context;
+
+pub use severity::severity;
+
+/// Configured defaults (`[topology_guard]` or CLI defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Defaults {
+    /// `default_policy`.
+    pub policy: Policy,
+    /// `mode`.
+    pub mode: Mode,
+    /// `fail_closed`: a `check-failed` finding is an error.
+    pub fail_closed: bool,
+}
+
+/// Values that win over annotations (the CLI's `--policy` and `--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Overrides {
+    /// Policy to apply whatever the pod says.
+    pub policy: Option<Policy>,
+    /// Mode to apply whatever the pod says.
+    pub mode: Option<Mode>,
+}
+
+/// One request to check.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The container's OCI spec (annotations, devices, resources at create).
+    pub spec: &'a ContainerSpec,
+    /// For an update: the new `LinuxResources`.
+    pub update: Option<&'a Resources>,
+    /// For an update: the resources in force before it (default: the spec's).
+    pub current: Option<&'a Resources>,
+    /// The container's baseline, if one was recorded (makes a create a recreate).
+    pub baseline: Option<&'a Baseline>,
+    /// The container (task) id, when known.
+    pub container_id: Option<&'a str>,
+    /// CLI overrides.
+    pub overrides: Overrides,
+    /// Kata's configuration (with the pod's annotations applied), for the VM rules.
+    pub kata: Option<&'a KataConfig>,
+    /// What the VM actually got, for the observed VM rules.
+    pub vm: Option<&'a VmView>,
+}
+
+impl<'a> Request<'a> {
+    /// A create (or recreate, with a baseline) of this spec.
+    pub fn create(spec: &'a ContainerSpec) -> Self {
+        Self {
+            spec,
+            update: None,
+            current: None,
+            baseline: None,
+            container_id: None,
+            overrides: Overrides::default(),
+            kata: None,
+            vm: None,
+        }
+    }
+}
+
+/// A `check-failed` finding under a policy, or `None` when the policy does not report it.
+pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
+    severity(Rule::CheckFailed, policy, fail_closed).map(|severity| Finding {
+        rule: Rule::CheckFailed,
+        severity,
+        message: format!("the topology check could not run: {reason}; the request was not checked"),
+        expected: json!({"check": "completed"}),
+        observed: json!({"error": reason}),
+    })
+}
+
+/// The verdict for a request whose check could not run at all (no host topology, unreadable
+/// spec): one `check-failed` finding. Policy and mode come from the annotations when they are
+/// valid, else from the defaults.
+pub fn failed_verdict(
+    spec: Option<&ContainerSpec>,
+    operation: Operation,
+    class: Option<crate::verdict::UpdateClass>,
+    defaults: Defaults,
+    reason: &str,
+) -> Verdict {
+    let annotation = |key: &str| spec.and_then(|s| s.annotations.get(key));
+    let policy = annotation(crate::intent::ANNOTATION_POLICY)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.policy);
+    let mode = annotation(crate::intent::ANNOTATION_MODE)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.mode);
+    let mut verdict = Verdict {
+        operation,
+        class,
+        sandbox_id: spec.and_then(|s| s.sandbox_id.clone()),
+        container_id: None,
+        container_name: spec.and_then(|s| s.container_name.clone()),
+        pod: spec.map(|s| s.pod.clone()).unwrap_or_default(),
+        policy,
+        mode,
+        decision: Decision::Allow,
+        findings: check_failed(policy, defaults.fail_closed, reason)
+            .into_iter()
+            .collect(),
+    };
+    verdict.decide();
+    verdict
+}
+
+/// Runs the rules against one host.
+#[derive(Debug, Clone, Copy)]
+pub struct Checker<'h> {
+    host: &'h Host,
+    sysfs: Option<&'h Sysfs>,
+    defaults: Defaults,
+}
+
+impl<'h> Checker<'h> {
+    /// A checker over a loaded host and, when VFIO devices are to be resolved, a sysfs tree.
+    pub fn new(host: &'h Host, sysfs: Option<&'h Sysfs>, defaults: Defaults) -> Self {
+        Self {
+            host,
+            sysfs,
+            defaults,
+        }
+    }
+
+    /// The host it checks against.
+    pub fn host(&self) -> &'h Host {
+        self.host
+    }
+
+    /// Checks one request: works out its context, then runs the rule families over it.
+    pub fn check(&self, req: &Request<'_>) -> Verdict {
+        let (cx, invalid_intent) = Context::new(self, *req);
+        let mut f = Findings {
+            policy: cx.policy,
+            fail_closed: self.defaults.fail_closed,
+            list: Vec::new(),
+        };
+        // Weighed by the table like every other finding (`intent-invalid` is always an error).
+        for invalid in invalid_intent {
+            f.add(
+                invalid.rule,
+                invalid.message,
+                invalid.expected,
+                invalid.observed,
+            );
+        }
+        for family in FAMILIES {
+            family(&cx, &mut f);
+        }
+        let spec = req.spec;
+        let mut verdict = Verdict {
+            operation: cx.operation,
+            class: cx.class,
+            sandbox_id: spec.sandbox_id.clone(),
+            container_id: req.container_id.map(str::to_string),
+            container_name: spec.container_name.clone(),
+            pod: spec.pod.clone(),
+            policy: cx.policy,
+            mode: cx.mode,
+            decision: Decision::Allow,
+            findings: f.list,
+        };
+        verdict.decide();
+        verdict
+    }
+}
+
+/// The rule families, in the order their findings appear in a verdict.
+const FAMILIES: [fn(&Context<'_>, &mut Findings); 4] =
+    [placement::check, vfio::check, drift::check, vm::check];
+
+/// The findings of one check so far: each rule's finding is weighed by the severity table under
+/// the request's policy, and dropped when the policy does not report the rule.
+struct Findings {
+    policy: Policy,
+    fail_closed: bool,
+    list: Vec<Finding>,
+}
+
+impl Findings {
+    fn add(&mut self, rule: Rule, message: String, expected: Value, observed: Value) {
+        if let Some(severity) = severity(rule, self.policy, self.fail_closed) {
+            self.list.push(Finding {
+                rule,
+                severity,
+                message,
+                expected,
+                observed,
+            });
+        }
+    }
+}
+
+/// "node" or "nodes", for messages.
+fn node_word(nodes: &IdSet) -> &'static str {
+    if nodes.len() == 1 {
+        "node"
+    } else {
+        "nodes"
+    }
+}
