@@ -163,14 +163,14 @@ pub(crate) fn remove_dead_socket(path: &Path) {
 }
 
 /// Removes the socket of a process that is exiting: it may still accept for a moment after
-/// its connections closed, so wait (bounded) until nothing listens.
+/// its connections closed, so wait (bounded, 3 s) until nothing listens.
 fn remove_socket_of_exiting(path: &Path) {
-    for _ in 0..60 {
+    for _ in 0..300 {
         remove_dead_socket(path);
         if !path.exists() {
             return;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
