@@ -11,13 +11,17 @@
 //! 4. the wrapper daemon's resident memory and threads while it serves that one task.
 //!
 //! Lifecycles are reported with median, p95 and max and the ratios of each, and how many
-//! took more than twice the delegate's median. With `KT_BENCH_COLD=1` a third variant runs
-//! the wrapper with `topology_cache = false` (every pod discovers the machine).
+//! took more than twice the delegate's median. With `KT_BENCH_COLD=1` another variant runs
+//! the wrapper with `topology_cache = false` (every pod discovers the machine); with
+//! `KT_BENCH_BASELINE_BIN=DIR` another runs the wrapper built in DIR (an earlier revision),
+//! interleaved with the rest (the earlier build must accept the configuration: no
+//! `topology_cache` key is written for it).
 //!
 //! Targets (figures, not tests): lifecycle median ratio <= 1.05 and p95 ratio <= 1.10, no
 //! lifecycle over twice the delegate's median, State added p50 <= 20 µs, wrapper RSS
 //! <= 6 MiB. Knobs: `KT_BENCH_ROUNDS` (default 100), `KT_BENCH_CRI_ROUNDS` (60),
-//! `KT_BENCH_STATE_CALLS` (6000). Uses the release binaries (`make bench` builds them).
+//! `KT_BENCH_STATE_CALLS` (6000), `KT_BENCH_SAMPLES=FILE` (every sample, as CSV). Uses the
+//! release binaries (`make bench` builds them).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -127,6 +131,30 @@ fn report(title: &str, series: &[Series]) -> (f64, f64, usize) {
     wrapper
 }
 
+/// With `KT_BENCH_SAMPLES=FILE`, every sample is appended to FILE as
+/// `section,variant,round,milliseconds` (rounds are interleaved: round r of every variant ran
+/// back to back).
+fn write_samples(section: &str, series: &[Series]) {
+    let Some(path) = std::env::var_os("KT_BENCH_SAMPLES") else {
+        return;
+    };
+    let mut text = String::new();
+    for s in series {
+        for (round, d) in s.samples.iter().enumerate() {
+            text.push_str(&format!("{section},{},{round},{:.3}\n", s.name, ms(*d)));
+        }
+    }
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("KT_BENCH_SAMPLES: {e}");
+    }
+}
+
 fn rss_and_threads(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
@@ -185,17 +213,39 @@ struct Variant {
     runtime: &'static str,
     handler: &'static str,
     cold: bool,
+    /// Another build of the wrapper (`KT_BENCH_BASELINE_BIN`) instead of the one under test.
+    baseline: bool,
 }
 
-fn prepare(c: &Containerd, v: Variant) {
+/// Points the handler's `containerd-shim-kata-topo-v2` (the harness's link on containerd's
+/// PATH) at a build of the wrapper; `start` and `delete` run whatever it names at the time.
+fn point_wrapper_at(c: &Containerd, dir: &Path) {
+    let link = c.dir.path().join("bin/containerd-shim-kata-topo-v2");
+    let tmp = c.dir.path().join("bin/.containerd-shim-kata-topo-v2.new");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(dir.join("containerd-shim-kata-topo-v2"), &tmp).expect("link");
+    std::fs::rename(&tmp, &link).expect("swap the wrapper");
+}
+
+fn prepare(c: &Containerd, v: Variant, builds: &Builds) {
     if v.runtime == KT {
         set_guard_key(c, "topology_cache", v.cold.then_some("false"));
+        if let Some(baseline) = &builds.baseline {
+            point_wrapper_at(c, if v.baseline { baseline } else { &builds.tested });
+        }
     }
+}
+
+/// The wrapper under test, and another build to compare with.
+struct Builds {
+    tested: std::path::PathBuf,
+    baseline: Option<std::path::PathBuf>,
 }
 
 /// Runs `one` for every variant, `rounds` times, the order rotating each round.
 fn interleaved(
     c: &Containerd,
+    builds: &Builds,
     variants: &[Variant],
     rounds: usize,
     mut one: impl FnMut(Variant, usize) -> Duration,
@@ -210,7 +260,7 @@ fn interleaved(
     for round in 0..rounds {
         for k in 0..variants.len() {
             let i = (round + k) % variants.len();
-            prepare(c, variants[i]);
+            prepare(c, variants[i], builds);
             let d = one(variants[i], round);
             series[i].samples.push(d);
         }
@@ -310,6 +360,10 @@ fn main() {
     let cri_rounds = knob("KT_BENCH_CRI_ROUNDS", 60);
     let calls = knob("KT_BENCH_STATE_CALLS", 6000);
     let cold = std::env::var("KT_BENCH_COLD").is_ok_and(|v| v == "1");
+    let builds = Builds {
+        tested: kata_topo_integration::bin_dir(),
+        baseline: std::env::var_os("KT_BENCH_BASELINE_BIN").map(std::path::PathBuf::from),
+    };
 
     let waited = Instant::now();
     let c = Containerd::start(Guard::default());
@@ -372,6 +426,7 @@ fn main() {
             runtime: RUNC,
             handler: "runc",
             cold: false,
+            baseline: false,
         },
         Variant {
             name: "kata-topo",
@@ -379,6 +434,7 @@ fn main() {
             runtime: KT,
             handler: "kata-topo",
             cold: false,
+            baseline: false,
         },
     ];
     if cold {
@@ -388,15 +444,31 @@ fn main() {
             runtime: KT,
             handler: "kata-topo",
             cold: true,
+            baseline: false,
+        });
+    }
+    if builds.baseline.is_some() {
+        variants.push(Variant {
+            name: "kata-topo, baseline build",
+            tag: "kt-base",
+            runtime: KT,
+            handler: "kata-topo",
+            cold: false,
+            baseline: true,
         });
     }
 
     // Warm-up: images, page cache, the topology cache.
-    interleaved(&c, &variants, 3, |v, r| ctr_lifecycle(&c, v, 1000 + r));
+    interleaved(&c, &builds, &variants, 3, |v, r| {
+        ctr_lifecycle(&c, v, 1000 + r)
+    });
 
     // 1. ctr lifecycles.
-    let life = interleaved(&c, &variants, rounds, |v, r| ctr_lifecycle(&c, v, r));
+    let life = interleaved(&c, &builds, &variants, rounds, |v, r| {
+        ctr_lifecycle(&c, v, r)
+    });
     let (life_med, life_p95, life_slow) = report("\n(1) ctr run --rm busybox true", &life);
+    write_samples("ctr", &life);
 
     // 2. CRI pod lifecycles.
     let mut cri = c.cri();
@@ -413,11 +485,11 @@ fn main() {
         });
     }
     if cri_rounds > 0 {
-        interleaved(&c, &variants, 2, |v, r| {
+        interleaved(&c, &builds, &variants, 2, |v, r| {
             cri_lifecycle(&mut cri, v, 1000 + r).0
         });
     }
-    let pods = interleaved(&c, &variants, cri_rounds, |v, r| {
+    let pods = interleaved(&c, &builds, &variants, cri_rounds, |v, r| {
         let (total, run_pod, start) = cri_lifecycle(&mut cri, v, r);
         let i = variants
             .iter()
@@ -431,14 +503,16 @@ fn main() {
         "\n(2) CRI pod lifecycle (RunPodSandbox … RemovePodSandbox)",
         &pods,
     );
+    write_samples("cri", &pods);
     report("    of which RunPodSandbox", &run_pods);
     report(
         "    of which StartContainer (the shim's Create and Start)",
         &starts,
     );
 
-    // 3. State round trips to a running task.
+    // 3. State round trips to a running task, through the wrapper under test.
     set_guard_key(&c, "topology_cache", None);
+    point_wrapper_at(&c, &builds.tested);
     ok(
         &c.ctr(&[
             "run",
