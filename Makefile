@@ -110,10 +110,20 @@ vm-test: build-all
 
 test: lint unit integration vm-test
 
+# The wrapper benchmark runs once per containerd the integration tests use: the one the
+# harness takes by default, then each directory of BENCH_CONTAINERD_BINS (containerd, ctr,
+# containerd-shim-runc-v2 and runc inside) through the harness's KT_CONTAINERD_BIN.
+# KT_BENCH_ROUNDS, KT_BENCH_CRI_ROUNDS, KT_BENCH_STATE_CALLS and KT_BENCH_COLD=1 tune it.
+BENCH_CONTAINERD_BINS ?=
 bench: deps
 	$(CARGO) bench -p kata-topo-core --locked --bench check
 	$(CARGO) build --release --workspace --locked --bins
-	KATA_TOPO_BIN_DIR=$(CURDIR)/target/release $(CARGO) bench -p kata-topo-integration --locked --bench shim
+	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
+	  $(CARGO) bench -p kata-topo-integration --locked --bench shim
+	@for d in $(BENCH_CONTAINERD_BINS); do \
+	  KT_CONTAINERD_BIN=$$(realpath "$$d") KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
+	    $(CARGO) bench -p kata-topo-integration --locked --bench shim || exit 1; \
+	done
 
 demo: build-all
 	@$(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo

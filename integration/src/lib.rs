@@ -422,6 +422,18 @@ state = "{d}/state"
         }
     }
 
+    /// Points the wrapper at the live machine instead of the simulated host: the
+    /// `topology_xml` line goes from its configuration, which every later `start` reads. The
+    /// topology then goes through the node-wide cache in the wrapper's `state_dir`.
+    pub fn use_live_topology(&self) {
+        let text = std::fs::read_to_string(&self.config).expect("read the wrapper's config");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("topology_xml"))
+            .collect();
+        std::fs::write(&self.config, kept.join("\n") + "\n").expect("write the wrapper's config");
+    }
+
     /// containerd's own log.
     pub fn containerd_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
@@ -524,7 +536,7 @@ state = "{d}/state"
     }
 
     /// Waits until nothing this containerd started is left: no shim process, no new shim
-    /// socket, no wrapper state. Returns what is left after the timeout.
+    /// socket, no wrapper state (the topology cache is the node's and stays). Returns what is left after the timeout.
     pub fn wait_clean(&self, timeout: Duration) -> Vec<String> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -535,7 +547,11 @@ state = "{d}/state"
                     .map(|s| format!("socket {}", s.display())),
             );
             if let Ok(entries) = std::fs::read_dir(&self.state_dir) {
-                for e in entries.flatten() {
+                // The node-wide topology cache is the node's, not a pod's.
+                for e in entries
+                    .flatten()
+                    .filter(|e| !kata_topo::cache::is_cache_file(&e.file_name().to_string_lossy()))
+                {
                     left.push(format!("state {}", e.path().display()));
                 }
             }

@@ -100,3 +100,77 @@ fn lifecycle_through_the_wrapper_matches_runc() {
     assert!(log.iter().any(|l| l["event"] == "daemon-exit"));
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
+
+/// On the live machine the first pod's wrapper discovers the topology and stores it for the
+/// node; the next pod's wrapper loads that file; the same machine gives the same fingerprint.
+#[test]
+fn live_topology_goes_through_the_node_cache() {
+    let c = Containerd::start(Guard::default());
+    c.use_live_topology();
+    let run = |id: &str| {
+        let out = c.ctr(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "io.containerd.kata-topo.v2",
+            BUSYBOX,
+            id,
+            "true",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let loads = || -> Vec<serde_json::Value> {
+        c.log_lines()
+            .into_iter()
+            .filter(|l| l["event"] == "topology-loaded")
+            .collect()
+    };
+    let wait_loads = |n: usize| {
+        kata_topo_integration::eventually(Duration::from_secs(10), || loads().len() >= n);
+        let l = loads();
+        assert_eq!(l.len(), n, "{l:#?}");
+        l
+    };
+    run("cache-1");
+    let first = wait_loads(1);
+    let origin = first[0]["origin"].as_str().expect("origin");
+    let file = origin
+        .rsplit_once("stored in ")
+        .map(|(_, p)| std::path::PathBuf::from(p))
+        .unwrap_or_else(|| panic!("the first pod discovers and stores: {origin}"));
+    assert!(
+        origin.starts_with("discovered (no cached topology"),
+        "{origin}"
+    );
+    assert_eq!(file.parent(), Some(c.state_dir.as_path()));
+    let meta = std::fs::symlink_metadata(&file).expect("the cache file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o600));
+
+    run("cache-2");
+    let second = wait_loads(2);
+    assert_eq!(
+        second[1]["origin"],
+        format!("cached in {}", file.display()),
+        "{second:#?}"
+    );
+    assert_eq!(second[0]["fingerprint"], second[1]["fingerprint"]);
+
+    // Cleared by hand: the next pod discovers the machine again.
+    std::fs::remove_file(&file).expect("clear the cache");
+    run("cache-3");
+    let third = wait_loads(3);
+    assert!(
+        third[2]["origin"].as_str().is_some_and(
+            |o| o.starts_with("discovered") && o.ends_with(&file.display().to_string())
+        ),
+        "{third:#?}"
+    );
+    assert_eq!(third[0]["fingerprint"], third[2]["fingerprint"]);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+    assert!(file.is_file(), "the cache stays when the pods go");
+}

@@ -343,7 +343,8 @@ leftovers() {
     esac
   done
   find /run/containerd/s -mindepth 1 2> /dev/null | sed 's/^/socket /'
-  find "${state}" -mindepth 1 -maxdepth 1 2> /dev/null | sed 's/^/state /'
+  # The node-wide topology cache (topology-<key>.xml) is the node's, not a pod's: it stays.
+  find "${state}" -mindepth 1 -maxdepth 1 ! -name 'topology-*.xml' 2> /dev/null | sed 's/^/state /'
   find "${metrics}" -name 'kata-topo-*' 2> /dev/null | sed 's/^/metrics /'
 }
 
@@ -361,7 +362,9 @@ step_cleanup() {
   local status rc=0
   status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1 | head -n 1) || rc=$?
   if [ -z "${left}" ] && [ "${rc}" = 0 ]; then
-    record cleanup true "" "${removed:-no pod of ours}; no containerd-shim process, no socket in /run/containerd/s, ${state} and the metrics empty; kata-topo status exit ${rc}: ${status}"
+    local cached
+    cached=$(find "${state}" -mindepth 1 -maxdepth 1 -name 'topology-*.xml' -user 0 -perm 600 2> /dev/null | wc -l)
+    record cleanup true "" "${removed:-no pod of ours}; no containerd-shim process, no socket in /run/containerd/s, ${state} and the metrics empty but for ${cached} topology cache file(s); kata-topo status exit ${rc}: ${status}"
   else
     record cleanup false "" "${removed}; kata-topo status exit ${rc}: ${status}; left: $(paste -sd ';' - <<< "${left}" | cut -c 1-600)"
   fi

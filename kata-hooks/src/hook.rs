@@ -14,7 +14,7 @@ use kata_topo::config::{Config, ENV_CONFIG};
 use kata_topo::kata::KataConfig;
 use kata_topo::state::GroupState;
 use kata_topo::vm::VmView;
-use kata_topo::{Checker, ContainerSpec, Decision, Host, Mode, Operation, Request, Sysfs, Verdict};
+use kata_topo::{Checker, ContainerSpec, Decision, Mode, Operation, Request, Sysfs, Verdict};
 use kata_topo_sinks::events::{payload, publish};
 use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
@@ -197,7 +197,9 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         v.decide();
         return Ok(v);
     }
-    let host = Host::load(&config.topology_source())
+    // The live machine through the node-wide cache: a discovery only when the machine changed.
+    let host = kata_topo::cache::load(config)
+        .map(|loaded| loaded.host)
         .map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
     let sysfs = Sysfs::new(&config.sysfs_root);
     let kata = config_file

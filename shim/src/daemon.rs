@@ -172,7 +172,7 @@ pub(crate) fn remove_socket_of_exiting(path: &Path, deadline: Instant) {
         if !path.exists() || Instant::now() >= deadline {
             return;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

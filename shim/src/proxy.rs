@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::net::Shutdown;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -161,8 +161,37 @@ fn unavailable(client: UnixStream, error: &ShimError) {
     }
 }
 
-/// Serves one containerd connection until either side closes it.
+/// Whether a request arrives on a new connection before it closes. A connection closed unused
+/// (`start` making sure this pod's daemon runs) then costs the delegate nothing.
+fn first_request_arrives(client: &UnixStream) -> bool {
+    loop {
+        let mut fds = [PollFd::new(client.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => break,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::sys::socket::recv(
+            client.as_raw_fd(),
+            &mut byte,
+            nix::sys::socket::MsgFlags::MSG_PEEK,
+        ) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Serves one containerd connection until either side closes it. The delegate is dialled
+/// once the first request arrives.
 pub(crate) fn proxy(client: UnixStream, delegate: &Delegate, checks: &PodChecks, log: &Logger) {
+    if !first_request_arrives(&client) {
+        return;
+    }
     let upstream = match delegate.connect() {
         Ok(u) => u,
         Err(source) => {

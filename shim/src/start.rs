@@ -267,18 +267,8 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let group = group_of(&bundle, &args.id);
-    let address = socket_address(&args.address, &args.namespace, &group);
-
-    // A new pod's daemon starts first, so that its set-up (configuration, topology load)
-    // overlaps the delegate's start; it learns the delegate's address through its stdin.
-    let daemon = match ensure_daemon(args, &config, config_file.as_deref(), &group, &address) {
-        Ok(d) => d,
-        Err(e) => return fail(e),
-    };
-
-    // The delegate's start, with our argv, environment, cwd and stdin.
+    // The delegate's start first, with our argv, environment, cwd and stdin: containerd waits
+    // for it whatever the wrapper does, so nothing of the wrapper's goes before it.
     let child = Command::new(&config.delegate_shim)
         .args(&args.raw)
         .stdin(Stdio::piped())
@@ -297,6 +287,16 @@ pub fn run(args: &Args) -> ExitCode {
     if let Some(mut pipe) = child.stdin.take() {
         let _ = pipe.write_all(&stdin);
     }
+
+    // While it starts: the pod's daemon, found running or started now (its set-up, the
+    // topology load included, overlaps the delegate's start; it learns the delegate's address
+    // through its stdin). Bound after the delegate was spawned, the daemon's listener is
+    // never inherited by the delegate.
+    let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let group = group_of(&bundle, &args.id);
+    let address = socket_address(&args.address, &args.namespace, &group);
+    let daemon = ensure_daemon(args, &config, config_file.as_deref(), &group, &address);
+
     let output = match child.wait_with_output() {
         Ok(o) => o,
         Err(e) => return fail(format!("kata-topo: delegate start failed: {e}")),
@@ -315,6 +315,16 @@ pub fn run(args: &Args) -> ExitCode {
         namespace: args.namespace.clone(),
         id: args.id.clone(),
         started: None,
+    };
+    let daemon = match daemon {
+        Ok(d) => d,
+        Err(e) => {
+            undo.delegate = Reply::parse(&output.stdout)
+                .ok()
+                .map(|(_, address, version)| Delegate::new(address, version));
+            undo.run();
+            return fail(e);
+        }
     };
     let info = BundleInfo {
         address,
@@ -519,7 +529,10 @@ fn ensure_daemon(
     if args.debug {
         cmd.arg("-debug");
     }
+    // One malloc arena for all of the daemon's threads: it allocates little and rarely, and
+    // an arena per thread only adds to what it keeps resident.
     cmd.arg("kata-topo-daemon")
+        .env("MALLOC_ARENA_MAX", "1")
         .current_dir("/")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

@@ -87,7 +87,7 @@ impl Persist {
     }
 
     /// Drops every waiting write, runs `last` (the removal of the pod's state), and writes
-    /// nothing after it.
+    /// nothing after it. Closing again does nothing: the first `last` is the last.
     pub fn close(&self, last: impl FnOnce() -> std::io::Result<()> + Send + 'static) {
         let Some(shared) = &self.shared else {
             if let Err(e) = last() {
@@ -96,6 +96,9 @@ impl Persist {
             return;
         };
         let mut p = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if p.closed {
+            return;
+        }
         p.jobs.clear();
         p.closed = true;
         p.last = Some(Box::new(last));
@@ -220,6 +223,17 @@ mod tests {
             Ok(())
         });
         assert!(p.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(count.load(Ordering::SeqCst), 100);
+        // A pod removed twice (its sandbox deleted, then its delegate gone): the second close
+        // runs nothing and leaves nothing to wait for.
+        let c = count.clone();
+        p.close(move || {
+            c.fetch_add(1000, Ordering::SeqCst);
+            Ok(())
+        });
+        let waited = Instant::now();
+        assert!(p.flush(Instant::now() + Duration::from_secs(5)));
+        assert!(waited.elapsed() < Duration::from_secs(5));
         assert_eq!(count.load(Ordering::SeqCst), 100);
     }
 }

@@ -1,9 +1,13 @@
 //! `make bench`: the cost of one check with the topology already loaded (the request path),
-//! and of loading each topology (off the request path). Target: a check under 50 µs.
+//! of loading each topology (off the request path), and of the node-wide topology cache: a
+//! live discovery against reading the machine's key and loading the cached XML, on this
+//! machine and on a 40-PU, 4-node snapshot of a real one discovered through `HWLOC_FSROOT`.
+//! Target: a check under 50 µs.
 
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use kata_topo::cache::{Origin, TopologyCache};
 use kata_topo::simulate::SysfsTree;
 use kata_topo::{
     Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Sysfs, TopologySource,
@@ -120,5 +124,61 @@ fn loads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, checks, loads);
+/// Discovery, key and cached load of the machine under `root` (`None`: this one).
+fn bench_cache(c: &mut Criterion, name: &str, root: Option<&std::path::Path>) {
+    let state = tempfile::tempdir().expect("tempdir");
+    let cache = TopologyCache::new(state.path(), root.unwrap_or(std::path::Path::new("/")));
+    let first = cache.load().expect("discovery");
+    assert!(
+        matches!(first.origin, Origin::Discovered { stored: Ok(_), .. }),
+        "{}",
+        first.origin
+    );
+    let mut group = c.benchmark_group(format!("topology cache, {name}"));
+    group.sample_size(20);
+    group.bench_function("live discovery", |b| {
+        b.iter(|| Host::discover().expect("discover"))
+    });
+    group.bench_function("read the key", |b| b.iter(|| cache.key().expect("key")));
+    group.bench_function("key + cached load", |b| {
+        b.iter(|| {
+            let loaded = cache.load().expect("load");
+            assert!(matches!(loaded.origin, Origin::Cached(_)));
+            loaded
+        })
+    });
+    group.finish();
+}
+
+fn cache(c: &mut Criterion) {
+    bench_cache(c, "this machine", None);
+    // A snapshot of a real machine, discovered by hwloc's Linux backend as if it were live.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hwloc/fsroot/40intel64-2g2n4c+pcilocality.tar.bz2");
+    let unpacked = std::process::Command::new("tar")
+        .arg("-xjf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .expect("tar");
+    assert!(unpacked.success(), "unpacking {}", archive.display());
+    let root = dir.path().join("40intel64-2g2n4c+pci");
+    let boot = root.join("proc/sys/kernel/random");
+    std::fs::create_dir_all(&boot).expect("boot id dir");
+    std::fs::write(
+        boot.join("boot_id"),
+        "5c1f0a3e-0000-4000-8000-000000000001\n",
+    )
+    .expect("boot id");
+    // Only this group runs with these set; nothing else runs meanwhile.
+    std::env::set_var("HWLOC_FSROOT", &root);
+    std::env::set_var("HWLOC_COMPONENTS", "linux,stop");
+    bench_cache(c, "40intel64-2g2n4c snapshot", Some(&root));
+    std::env::remove_var("HWLOC_FSROOT");
+    std::env::remove_var("HWLOC_COMPONENTS");
+}
+
+criterion_group!(benches, checks, loads, cache);
 criterion_main!(benches);

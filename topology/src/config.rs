@@ -105,6 +105,14 @@ pub struct Config {
     /// How often the topology is reloaded off the request path, in seconds (0: never).
     #[serde(default = "default_refresh")]
     pub topology_refresh_seconds: u64,
+    /// Keep the live topology as hwloc XML under `state_dir`, shared by every pod of the node
+    /// and rediscovered when the machine changes (see [`crate::cache`]).
+    #[serde(default = "default_true")]
+    pub topology_cache: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Default for Config {
@@ -121,6 +129,7 @@ impl Default for Config {
             metrics_dir: None,
             fail_closed: false,
             topology_refresh_seconds: default_refresh(),
+            topology_cache: true,
         }
     }
 }
@@ -267,6 +276,7 @@ log_file = "/var/log/kt.log"
 metrics_dir = "/var/lib/node-exporter"
 fail_closed = true
 topology_refresh_seconds = 5
+topology_cache = false
 "#,
         )
         .expect("valid");
@@ -287,6 +297,7 @@ topology_refresh_seconds = 5
         );
         assert!(c.fail_closed);
         assert_eq!(c.topology_refresh_seconds, 5);
+        assert!(!c.topology_cache);
     }
 
     #[test]
@@ -297,6 +308,7 @@ topology_refresh_seconds = 5
         assert_eq!(c.mode, Mode::Audit);
         assert_eq!(c.default_policy, Policy::Restricted);
         assert_eq!(c.state_dir, Path::new("/run/kata-topo"));
+        assert!(c.topology_cache);
     }
 
     #[test]

@@ -128,6 +128,66 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Fails unless the directory belongs to this process's effective user and nobody else may
+    /// write in it (no group or other write bit): only then are the files in it what that user
+    /// put there.
+    pub fn check_private(&self) -> io::Result<()> {
+        let st = rustix::fs::fstat(&self.fd)?;
+        private(&st, "directory").map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{}: {why}", self.path.display()),
+            )
+        })
+    }
+
+    /// Reads `name` whole, at most `limit` bytes, when it is a regular file (never through a
+    /// symlink, never waiting on a FIFO) that belongs to this process's effective user and
+    /// that nobody else may write. Anything else is an error of kind `PermissionDenied`
+    /// (someone else could have written it) or `InvalidInput` (not a regular file).
+    pub fn read_private(&self, name: &str, limit: u64) -> io::Result<Vec<u8>> {
+        check_name(name)?;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: is a symbolic link, which is not followed here"),
+            ),
+            e => io::Error::from(e),
+        })?;
+        let st = rustix::fs::fstat(&fd)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name}: not a regular file"),
+            ));
+        }
+        private(&st, "file").map_err(|why| {
+            io::Error::new(io::ErrorKind::PermissionDenied, format!("{name}: {why}"))
+        })?;
+        // A regular file: blocking reads from here on.
+        rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY)?;
+        crate::fsutil::read_to_limit(File::from(fd), limit)
+    }
+
+    /// The names in the directory (not `.` and `..`).
+    pub fn names(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.fd)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
     /// The identity (device, inode) of what is at `name` now, without following a symlink;
     /// `None` when nothing is.
     pub fn identity(&self, name: &str) -> io::Result<Option<(u64, u64)>> {
@@ -138,6 +198,21 @@ impl Dir {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Why a file or directory with this status is not private to this process's effective user.
+fn private(st: &rustix::fs::Stat, what: &str) -> Result<(), String> {
+    let me = rustix::process::geteuid().as_raw();
+    let mode = st.st_mode & 0o7777;
+    if st.st_uid != me {
+        return Err(format!("the {what} belongs to uid {}, not {me}", st.st_uid));
+    }
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "the {what} may be written by others than its owner (mode {mode:04o})"
+        ));
+    }
+    Ok(())
 }
 
 /// The identity (device, inode) of an open file.
@@ -239,6 +314,49 @@ mod tests {
         dir.write_atomic("f", b"x", 0o600).expect("write");
         assert!(tmp.path().join("moved/f").exists());
         assert!(!elsewhere.join("f").exists());
+    }
+
+    #[test]
+    fn private_files_are_read_only_when_nobody_else_could_have_written_them() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let d = tmp.path().join("state");
+        let dir = Dir::create(&d, 0o700).expect("create");
+        dir.check_private()
+            .expect("a fresh 0700 directory is private");
+        dir.write_atomic("a.xml", b"<x/>", 0o600).expect("write");
+        assert_eq!(dir.read_private("a.xml", 16).expect("read"), b"<x/>");
+        let e = dir.read_private("a.xml", 2).expect_err("over the limit");
+        assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
+        let e = dir.read_private("gone.xml", 16).expect_err("missing");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+
+        std::fs::set_permissions(d.join("a.xml"), std::fs::Permissions::from_mode(0o620))
+            .expect("chmod");
+        let e = dir.read_private("a.xml", 16).expect_err("group-writable");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("0620"), "{e}");
+        std::fs::set_permissions(d.join("a.xml"), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        dir.read_private("a.xml", 16)
+            .expect("readable by others is fine");
+        std::os::unix::fs::chown(d.join("a.xml"), Some(65534), None).expect("chown");
+        let e = dir.read_private("a.xml", 16).expect_err("another owner");
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+
+        std::os::unix::fs::symlink(d.join("a.xml"), d.join("b.xml")).expect("link");
+        let e = dir.read_private("b.xml", 16).expect_err("symlink");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        std::fs::create_dir(d.join("c.xml")).expect("dir");
+        assert!(dir.read_private("c.xml", 16).is_err());
+        let mut names = dir.names().expect("names");
+        names.sort();
+        assert_eq!(names, ["a.xml", "b.xml", "c.xml"]);
+
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let e = dir
+            .check_private()
+            .expect_err("world-writable, sticky or not");
+        assert!(e.to_string().contains("1777"), "{e}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::ObjectType;
 use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
+use hwlocality::topology::export::xml::XMLExportFlags;
 use hwlocality::Topology;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -210,43 +211,44 @@ impl Host {
     /// and disallowed resources included, so a process inside a restricted cgroup (a shim is
     /// one) still sees the whole machine.
     pub fn load(source: &TopologySource) -> Result<Self, HostError> {
-        let source_name = match source {
-            TopologySource::Live => "the live machine".to_string(),
-            TopologySource::Xml(path) => path.display().to_string(),
-        };
-        let xml = match source {
-            TopologySource::Live => None,
-            TopologySource::Xml(path) => Some(
-                crate::fsutil::read_text_bounded(path, MAX_XML_BYTES).map_err(|source| {
-                    if source.kind() == std::io::ErrorKind::FileTooLarge {
-                        HostError::TooLarge { path: path.clone() }
-                    } else {
-                        HostError::Read {
-                            path: path.clone(),
-                            source,
+        match source {
+            TopologySource::Live => Self::discover().map(|(host, _)| host),
+            TopologySource::Xml(path) => {
+                let xml =
+                    crate::fsutil::read_text_bounded(path, MAX_XML_BYTES).map_err(|source| {
+                        if source.kind() == std::io::ErrorKind::FileTooLarge {
+                            HostError::TooLarge { path: path.clone() }
+                        } else {
+                            HostError::Read {
+                                path: path.clone(),
+                                source,
+                            }
                         }
-                    }
-                })?,
-            ),
-        };
-        // hwlocality treats some hwloc answers as impossible and panics on them; a checker
-        // must turn even that into an error.
-        let built =
-            std::panic::catch_unwind(|| build_topology(xml.as_deref())).map_err(|panic| {
-                let reason = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
-                    .unwrap_or_else(|| "hwloc binding failed".to_string());
-                HostError::Hwloc {
-                    source_name: source_name.clone(),
-                    reason,
-                }
-            })?;
-        let topology = built.map_err(|reason| HostError::Hwloc {
-            source_name: source_name.clone(),
-            reason,
+                    })?;
+                Self::from_xml(&xml, path.display().to_string())
+            }
+        }
+    }
+
+    /// Discovers the live machine, and exports what hwloc found as XML (the text
+    /// [`Host::from_xml`] loads back into the same host).
+    pub fn discover() -> Result<(Self, String), HostError> {
+        let source_name = "the live machine".to_string();
+        let (topology, xml) = guarded(&source_name, || {
+            let topology = build_topology(None)?;
+            let xml = topology
+                .export_xml(XMLExportFlags::empty())
+                .map_err(|e| format!("XML export failed: {e}"))?
+                .to_string();
+            Ok((topology, xml))
         })?;
+        Ok((Self::from_topology(&topology, source_name)?, xml))
+    }
+
+    /// Loads the host from the text of an hwloc XML export; `source_name` says where it came
+    /// from in messages.
+    pub fn from_xml(xml: &str, source_name: String) -> Result<Self, HostError> {
+        let topology = guarded(&source_name, || build_topology(Some(xml)))?;
         Self::from_topology(&topology, source_name)
     }
 
@@ -403,6 +405,28 @@ impl Host {
     /// Whether the machine has more than one NUMA node.
     pub fn is_multi_node(&self) -> bool {
         self.nodes.len() > 1
+    }
+}
+
+/// Runs an hwloc operation. hwlocality treats some hwloc answers as impossible and panics on
+/// them; a checker must turn even that into an error.
+fn guarded<T>(
+    source_name: &str,
+    f: impl FnOnce() -> Result<T, String> + std::panic::UnwindSafe,
+) -> Result<T, HostError> {
+    let outcome = std::panic::catch_unwind(f).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+            .unwrap_or_else(|| "hwloc binding failed".to_string())
+    });
+    match outcome {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(reason)) | Err(reason) => Err(HostError::Hwloc {
+            source_name: source_name.to_string(),
+            reason,
+        }),
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod check;
 pub mod config;
 pub mod files;

@@ -212,6 +212,61 @@ impl Sysfs {
             })
     }
 
+    /// An attribute, trimmed, by its path relative to the root (plain components only); `None`
+    /// when it is not there.
+    pub fn attribute(&self, rel: &str) -> Result<Option<String>, SysfsError> {
+        self.read_attr(rel)
+    }
+
+    /// Several attributes of one directory (resolved once), trimmed, each `None` when it is
+    /// not there; `None` when the directory is not there. `names` are plain file names.
+    pub fn attributes(
+        &self,
+        dir_rel: &str,
+        names: &[&str],
+    ) -> Result<Option<Vec<Option<String>>>, SysfsError> {
+        let Some(dir) = self.resolve(dir_rel)? else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(names.len());
+        for name in names {
+            if Path::new(name).components().count() != 1 || name.contains('/') {
+                return Err(SysfsError::Escapes(dir.join(name)));
+            }
+            let path = dir.join(name);
+            match crate::fsutil::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES) {
+                Ok(text) => values.push(Some(text.trim().to_string())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => values.push(None),
+                Err(source) => return Err(SysfsError::Io { path, source }),
+            }
+        }
+        Ok(Some(values))
+    }
+
+    /// The names in a directory, sorted, by its path relative to the root (plain components
+    /// only); `None` when it is not there.
+    pub fn list(&self, rel: &str) -> Result<Option<Vec<String>>, SysfsError> {
+        let Some(dir) = self.resolve(rel)? else {
+            return Ok(None);
+        };
+        let io = |source| SysfsError::Io {
+            path: dir.clone(),
+            source,
+        };
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(io)? {
+            names.push(
+                entry
+                    .map_err(io)?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        names.sort();
+        Ok(Some(names))
+    }
+
     /// The PCI devices a VFIO reference stands for. A group stands for every device in it (as
     /// Kata expands it).
     pub fn devices_of(&self, vfio: &VfioRef) -> Result<Vec<Bdf>, SysfsError> {

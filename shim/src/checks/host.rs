@@ -2,11 +2,18 @@
 //! `topology_refresh_seconds`, and never waited for. Until the first load finished a check
 //! cannot run (it reports `check-failed`); a failed reload keeps the previous topology and
 //! says so in every verdict until a reload succeeds.
+//!
+//! The live machine goes through the node-wide cache ([`kata_topo::cache`]): the first load
+//! takes the cached XML when it matches the machine's key, and a refresh only reads the key
+//! again — the topology is loaded anew (from the cache, or discovered) when the key changed,
+//! so `topology-drift` follows the machine without a discovery every period.
 
 use std::panic::catch_unwind;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+use kata_topo::cache::{CacheKey, Loaded, Origin, TopologyCache};
+use kata_topo::host::HostError;
 use kata_topo::{Host, TopologySource};
 use kata_topo_sinks::log::rfc3339;
 use kata_topo_sinks::Metrics;
@@ -15,6 +22,8 @@ use slog::Logger;
 #[derive(Debug, Default)]
 struct Slot {
     host: Option<Arc<Host>>,
+    /// The machine's key the host was loaded under (the cache only).
+    key: Option<CacheKey>,
     error: Option<String>,
     loaded_at: Option<SystemTime>,
     tried: bool,
@@ -24,32 +33,71 @@ struct Slot {
 #[derive(Debug)]
 pub(crate) struct HostCache {
     source: TopologySource,
+    /// The node-wide cache, for the live machine unless `topology_cache = false`.
+    cache: Option<TopologyCache>,
     slot: RwLock<Slot>,
 }
 
 impl HostCache {
-    pub(crate) fn new(source: TopologySource) -> Self {
+    pub(crate) fn new(source: TopologySource, cache: Option<TopologyCache>) -> Self {
         Self {
             source,
+            cache,
             slot: RwLock::new(Slot::default()),
         }
     }
 
-    /// Loads the topology; keeps the previous one when the load fails. Returns whether it
-    /// loaded.
+    /// Loads the topology — or, through the cache, finds that the machine's key has not
+    /// changed and keeps it; keeps the previous one when a load fails. Returns whether a
+    /// topology is in place and current.
     pub(crate) fn refresh(&self, log: &Logger, metrics: &Metrics, group: &str) -> bool {
-        let loaded = catch_unwind(|| Host::load(&self.source))
-            .unwrap_or_else(|_| Err(kata_topo::host::HostError::NoCpu("hwloc panicked".into())));
+        let known = self
+            .slot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .key
+            .clone();
+        let mut changed = Vec::new();
+        if let (Some(cache), Some(known)) = (&self.cache, &known) {
+            match cache.key() {
+                Ok(now) if now == *known => {
+                    let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
+                    slot.error = None;
+                    slot.loaded_at = Some(SystemTime::now());
+                    drop(slot);
+                    metrics.refreshed(true);
+                    return true;
+                }
+                Ok(now) => changed = now.changed_since(known),
+                // Read again by the load, which discovers the machine without the cache.
+                Err(_) => {}
+            }
+        }
+        let loaded = catch_unwind(|| match &self.cache {
+            Some(cache) => cache.load(),
+            None => Host::load(&self.source).map(|host| Loaded {
+                host,
+                key: None,
+                origin: match &self.source {
+                    TopologySource::Xml(_) => Origin::Xml,
+                    TopologySource::Live => Origin::Live,
+                },
+            }),
+        })
+        .unwrap_or_else(|_| Err(HostError::NoCpu("hwloc panicked".into())));
         let ok = loaded.is_ok();
         let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
         match loaded {
-            Ok(host) => {
-                if slot.error.is_some() || slot.host.is_none() {
+            Ok(loaded) => {
+                let host = loaded.host;
+                if slot.error.is_some() || slot.host.is_none() || !changed.is_empty() {
                     slog::info!(log, "topology loaded"; "event" => "topology-loaded",
                         "source" => &host.source_name, "fingerprint" => host.fingerprint(),
-                        "sandbox_id" => group);
+                        "origin" => loaded.origin.to_string(),
+                        "changed" => changed.join(","), "sandbox_id" => group);
                 }
                 slot.host = Some(Arc::new(host));
+                slot.key = loaded.key;
                 slot.error = None;
                 slot.loaded_at = Some(SystemTime::now());
             }
@@ -81,5 +129,102 @@ impl HostCache {
             (None, _) => None,
         };
         (slot.host.clone(), stale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kata_topo_sinks::{Drops, Log};
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    /// The key inputs of a machine under `root`, as the kernel lays them out.
+    fn key_inputs(root: &Path, online: &str) {
+        for (rel, text) in [
+            (
+                "proc/sys/kernel/random/boot_id",
+                "1e4f0b8a-0000-4000-8000-000000000000",
+            ),
+            ("sys/devices/system/cpu/online", online),
+            ("sys/devices/system/cpu/present", "0-1"),
+            ("proc/meminfo", "MemTotal: 1048576 kB\n"),
+        ] {
+            let path = root.join(rel);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, text).expect("write");
+        }
+    }
+
+    fn lines(log: &Log, path: &Path) -> Vec<serde_json::Value> {
+        assert!(log.flush(Instant::now() + Duration::from_secs(10)));
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .filter(|l: &serde_json::Value| l["event"] == "topology-loaded")
+            .collect()
+    }
+
+    /// A refresh reads the machine's key: the same key keeps the host it has, a changed one
+    /// loads it again (here: discovers, since the cache has no file for the new key) and says
+    /// what changed.
+    #[test]
+    fn a_refresh_reloads_only_when_the_key_changed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("machine");
+        key_inputs(&root, "0-1");
+        let state = dir.path().join("state");
+        let log_path = dir.path().join("kt.log");
+        let log = Log::with_journal(&log_path, false, None, Drops::new());
+        let cache = HostCache::new(
+            TopologySource::Live,
+            Some(TopologyCache::new(&state, &root)),
+        );
+        let (host, stale) = cache.current();
+        assert!(host.is_none());
+        assert_eq!(stale.as_deref(), Some("the host topology is still loading"));
+
+        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        let (first, stale) = cache.current();
+        let first = first.expect("loaded");
+        assert_eq!(stale, None);
+        let loaded = lines(&log, &log_path);
+        assert_eq!(loaded.len(), 1, "{loaded:?}");
+        let origin = loaded[0]["origin"].as_str().expect("origin");
+        assert!(
+            origin.starts_with("discovered") && origin.contains("stored in"),
+            "{origin}"
+        );
+
+        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        let same = cache.current().0.expect("loaded");
+        assert!(
+            Arc::ptr_eq(&first, &same),
+            "an unchanged key keeps the host"
+        );
+        assert_eq!(lines(&log, &log_path).len(), 1);
+
+        key_inputs(&root, "0");
+        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        let after = cache.current().0.expect("loaded");
+        assert!(!Arc::ptr_eq(&first, &after), "a changed key loads again");
+        let loaded = lines(&log, &log_path);
+        assert_eq!(loaded.len(), 2, "{loaded:?}");
+        assert_eq!(loaded[1]["changed"], "cpus");
+
+        // Another daemon of the node finds the new key's file: no discovery.
+        let other = HostCache::new(
+            TopologySource::Live,
+            Some(TopologyCache::new(&state, &root)),
+        );
+        assert!(other.refresh(log.logger(), &Metrics::off(), "sb2"));
+        let loaded = lines(&log, &log_path);
+        let origin = loaded[2]["origin"].as_str().expect("origin");
+        assert!(origin.starts_with("cached in"), "{origin}");
+        assert_eq!(
+            other.current().0.expect("loaded").fingerprint(),
+            after.fingerprint()
+        );
     }
 }

@@ -137,7 +137,10 @@ impl PodChecks {
                 "error" => e.to_string());
         });
         let checks = Arc::new(Self {
-            host: HostCache::new(config.topology_source()),
+            host: HostCache::new(
+                config.topology_source(),
+                kata_topo::cache::TopologyCache::from_config(&config),
+            ),
             sysfs: Sysfs::new(&config.sysfs_root),
             store: PodStore::open(files, persist),
             namespace: namespace.to_string(),

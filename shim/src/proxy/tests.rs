@@ -250,6 +250,52 @@ fn an_unavailable_delegate_answers_unavailable() {
     t.join().expect("no panic");
 }
 
+/// A connection that closes before sending anything (`start` probing the daemon) never dials
+/// the delegate; the next one, which sends a request, does.
+#[test]
+fn the_delegate_is_dialled_only_when_a_request_arrives() {
+    let p = pod("audit");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("delegate.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let address = format!("unix://{}", sock.display());
+    let serve = |client: UnixStream| {
+        let (checks, log, address) = (p.checks.clone(), p.log.logger().clone(), address.clone());
+        std::thread::spawn(move || proxy(client, &Delegate::new(address, 2), &checks, &log))
+    };
+
+    let (probe, proxy_end) = UnixStream::pair().expect("pair");
+    let t = serve(proxy_end);
+    drop(probe);
+    t.join().expect("no panic");
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a probe must not reach the delegate"
+    );
+
+    let (mut client, proxy_end) = UnixStream::pair().expect("pair");
+    let t = serve(proxy_end);
+    frame(1, TYPE_REQUEST, request(TASK_V2, "State", vec![]))
+        .write(&mut client)
+        .expect("send");
+    listener.set_nonblocking(false).expect("blocking");
+    let (mut delegate, _) = listener.accept().expect("the request dials the delegate");
+    delegate
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let forwarded = read(&mut delegate);
+    assert_eq!(
+        Request::decode(forwarded.payload.as_slice())
+            .expect("request")
+            .method,
+        "State"
+    );
+    drop(client);
+    drop(delegate);
+    t.join().expect("no panic");
+}
+
 /// A frame as it reaches a delegate that speaks task API v2.
 fn as_delegate_sees_it(f: &Frame) -> Frame {
     let mut f = f.clone();
