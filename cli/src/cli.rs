@@ -29,12 +29,7 @@ use crate::out::{self, outln, StdoutGone};
 /// The largest baseline accepted (one is a few hundred bytes).
 const MAX_BASELINE_BYTES: u64 = 1024 * 1024;
 
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (",
-    env!("KATA_TOPO_GIT_REV"),
-    ")"
-);
+use kata_topo::VERSION;
 
 /// kata-topo: keep Kata pods on the NUMA and VFIO topology they were admitted with.
 #[derive(Debug, Parser)]

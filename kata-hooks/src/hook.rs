@@ -19,12 +19,7 @@ use kata_topo_sinks::events::{payload, publish};
 use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
 
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (",
-    env!("KATA_TOPO_GIT_REV"),
-    ")"
-);
+use kata_topo::VERSION;
 
 /// The most the hook spends publishing its event and writing its log: containerd being slow
 /// or a log nobody reads must never make the runtime's hook timeout fail a container.

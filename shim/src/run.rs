@@ -15,12 +15,7 @@ use crate::checks::{PodChecks, Sinks};
 use crate::daemon::{cleanup, serve, Delegate, Exit, OwnSocket};
 use crate::ttrpc::socket_path;
 
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (",
-    env!("KATA_TOPO_GIT_REV"),
-    ")"
-);
+use kata_topo::VERSION;
 
 /// The entry point: everything that must happen before threads exist happens here.
 pub fn real_main() -> ExitCode {

@@ -93,7 +93,7 @@ impl CacheKey {
 
         let mut software = format!(
             "kata-topo {}; hwloc api {:#x}",
-            env!("CARGO_PKG_VERSION"),
+            crate::VERSION,
             hwlocality::hwloc_api_version()
         );
         let mut hwloc_env: Vec<(String, String)> = std::env::vars_os()

@@ -24,6 +24,15 @@ pub mod text;
 pub mod verdict;
 pub mod vm;
 
+/// kata-topo's version and the git revision it was built from, as every binary prints it
+/// (`--version`) and as the topology cache's key includes it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("KATA_TOPO_GIT_REV"),
+    ")"
+);
+
 pub use check::{Checker, Defaults, Overrides, Request};
 pub use host::{Bdf, Host, Locality, TopologySource};
 pub use idset::IdSet;
