@@ -8,9 +8,10 @@ CARGO ?= cargo
 # run Debian's containerd 1.6 and runc, build images from busybox-static, build the CRI
 # client with protoc, start a real QEMU for the VM view and a real node-exporter for the
 # metrics, and check the deployment files (shellcheck, ruby -c, vagrant validate). xz-utils
-# and binutils take the guest kernel cloud-hypervisor boots out of Debian's kernel package;
-# make vm-test boots Debian's kernel in QEMU on this host's /usr and /etc, builds its initramfs
-# from busybox-static and writes its report with jq.
+# unpacks containerd 2.3.4's archive and, with binutils, takes the guest kernel
+# cloud-hypervisor boots out of Debian's kernel package; make vm-test boots Debian's kernel in
+# QEMU on this host's /usr and /etc, builds its initramfs from busybox-static and writes its
+# report with jq.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
 	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq
@@ -26,6 +27,22 @@ KT_CLOUD_HYPERVISOR ?= $(firstword $(wildcard \
 # The ELF guest kernel cloud-hypervisor boots, extracted from Debian's linux-image-6.1 once.
 VMLINUX := target/kata-topo-vmm/vmlinux
 
+# The integration tests run twice: against Debian's containerd 1.6 (on PATH), and against
+# upstream containerd 2.3.4 + runc 1.5.1 from this archive (beside the checkout), unpacked
+# under target/. CONTAINERD_BIN=DIR runs them (or the demo) against any containerd instead:
+# DIR holds containerd, ctr, containerd-shim-runc-v2 (and runc >= 1.2 for containerd 2.x).
+CONTAINERD2_ARCHIVE ?= ../shared/containerd/containerd-2.3.4-linux-amd64.tar.xz
+CONTAINERD2_BIN := target/containerd-2.3.4/bin
+CONTAINERD_BIN ?=
+# The VM-view tests take the cloud-hypervisor and the guest kernel from the environment.
+ifeq ($(KT_CLOUD_HYPERVISOR),none)
+INTEGRATION_TEST = $(CARGO) test -p kata-topo-integration --locked -- --test-threads=1 \
+	--skip cloud_hypervisor
+else
+INTEGRATION_TEST = KT_CLOUD_HYPERVISOR=$(abspath $(KT_CLOUD_HYPERVISOR)) KT_VMLINUX=$(CURDIR)/$(VMLINUX) \
+	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1
+endif
+
 # make install: PREFIX, DESTDIR as usual; PROFILE=debug installs the debug build.
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -35,11 +52,15 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps build build-all build-release test lint unit integration vm-test bench soak fuzz \
-	demo demo-cli install uninstall vagrant-test clean vmlinux
+	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
+	clean vmlinux
 
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
+	@echo "              (integration: containerd 1.6, then 2.3.4 from $(CONTAINERD2_ARCHIVE))"
+	@echo "make integration CONTAINERD_BIN=DIR - the integration tests against another containerd"
+	@echo "make demo CONTAINERD_BIN=DIR / make demo-containerd2 - the demo on another containerd"
 	@echo "make bench  - benchmarks (not tests)"
 	@echo "make soak   - 10,000 updates through the wrapper: RSS, threads and fds before and after"
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
@@ -83,20 +104,54 @@ fuzz: deps
 	  --exclude kata-topo-integration --release --lib --bins
 
 # Root, a real containerd per test; one test at a time so leak checks see only their own.
-# Without a cloud-hypervisor binary this stops and says how to give one; with
-# KT_CLOUD_HYPERVISOR=none it runs everything else and names the test it did not run.
-integration: build-all
-ifeq ($(KT_CLOUD_HYPERVISOR),none)
-	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1 --skip cloud_hypervisor
-	@echo "NOT RUN: vm::cloud_hypervisor (KT_CLOUD_HYPERVISOR=none: no cloud-hypervisor binary given)"
-else ifeq ($(KT_CLOUD_HYPERVISOR),)
+# Each leg prints how long it took. Without a cloud-hypervisor binary this stops and says how
+# to give one; with KT_CLOUD_HYPERVISOR=none it runs everything else and names the test it did
+# not run.
+integration: build-all $(if $(filter-out none,$(KT_CLOUD_HYPERVISOR)),vmlinux)
+ifeq ($(KT_CLOUD_HYPERVISOR),)
 	@echo "no cloud-hypervisor for the VM-view tests: set KT_CLOUD_HYPERVISOR=/path/to/cloud-hypervisor" \
 	  "(v51.0), or KT_CLOUD_HYPERVISOR=none to run the integration tests without them" >&2; exit 1
-else
-	$(MAKE) --no-print-directory vmlinux
-	KT_CLOUD_HYPERVISOR=$(abspath $(KT_CLOUD_HYPERVISOR)) KT_VMLINUX=$(CURDIR)/$(VMLINUX) \
-	  $(CARGO) test -p kata-topo-integration --locked -- --test-threads=1
 endif
+ifeq ($(strip $(CONTAINERD_BIN)),)
+	@echo "== integration leg 1: Debian's $$(containerd --version | cut -d' ' -f2-3)"
+	@start=$$(date +%s); env -u KT_CONTAINERD_BIN $(INTEGRATION_TEST) && \
+	  echo "== integration leg 1 (containerd 1.6) took $$(( $$(date +%s) - start )) s"
+	@if [ -f "$(CONTAINERD2_ARCHIVE)" ]; then \
+	  $(MAKE) --no-print-directory containerd2 && \
+	  echo "== integration leg 2: $$($(CONTAINERD2_BIN)/containerd --version | cut -d' ' -f2-3), $$($(CONTAINERD2_BIN)/runc --version | head -n 1)" && \
+	  start=$$(date +%s) && KT_CONTAINERD_BIN=$(CURDIR)/$(CONTAINERD2_BIN) $(INTEGRATION_TEST) && \
+	  echo "== integration leg 2 (containerd 2.3.4) took $$(( $$(date +%s) - start )) s"; \
+	else \
+	  echo "**********************************************************************************"; \
+	  echo "** SKIPPED: integration leg 2 (containerd 2.3.4 + runc 1.5.1): no archive at"; \
+	  echo "**   $(CONTAINERD2_ARCHIVE)"; \
+	  echo "** Only containerd 1.6 was tested. Set CONTAINERD2_ARCHIVE=FILE to run it."; \
+	  echo "**********************************************************************************"; \
+	fi
+else
+	@echo "== integration against $(CONTAINERD_BIN): $$($(CONTAINERD_BIN)/containerd --version | cut -d' ' -f2-3)"
+	@start=$$(date +%s); KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(INTEGRATION_TEST) && \
+	  echo "== integration against $(CONTAINERD_BIN) took $$(( $$(date +%s) - start )) s"
+endif
+ifeq ($(KT_CLOUD_HYPERVISOR),none)
+	@echo "NOT RUN: vm::cloud_hypervisor (KT_CLOUD_HYPERVISOR=none: no cloud-hypervisor binary given)"
+endif
+
+# containerd 2.3.4 + runc 1.5.1, unpacked from the archive under target/.
+containerd2: $(CONTAINERD2_BIN)/containerd
+
+$(CONTAINERD2_BIN)/containerd: $(CONTAINERD2_ARCHIVE) | deps
+	@mkdir -p target
+	tar -xJf "$(CONTAINERD2_ARCHIVE)" -C target/
+	@touch "$@"
+
+# Records what each containerd writes to a shim's `start` and reads back, into the fixtures
+# the start handshake's unit tests decode (proto/tests/fixtures/bootstrap/).
+bootstrap-fixtures: build-all containerd2
+	KT_WRITE_FIXTURES=$(CURDIR)/proto/tests/fixtures/bootstrap env -u KT_CONTAINERD_BIN \
+	  $(CARGO) test -p kata-topo-integration --locked --test bootstrap start_input -- --test-threads=1
+	KT_WRITE_FIXTURES=$(CURDIR)/proto/tests/fixtures/bootstrap KT_CONTAINERD_BIN=$(CURDIR)/$(CONTAINERD2_BIN) \
+	  $(CARGO) test -p kata-topo-integration --locked --test bootstrap start_input -- --test-threads=1
 
 # Downloads Debian's linux-image-6.1 package (apt) once and keeps its ELF vmlinux in target/.
 vmlinux: $(VMLINUX)
@@ -110,12 +165,12 @@ vm-test: build-all
 
 test: lint unit integration vm-test
 
-# The wrapper benchmark runs once per containerd the integration tests use: the one the
-# harness takes by default, then each directory of BENCH_CONTAINERD_BINS (containerd, ctr,
-# containerd-shim-runc-v2 and runc inside) through the harness's KT_CONTAINERD_BIN.
+# The wrapper benchmark runs once per containerd the integration tests use: Debian's, then
+# containerd 2.3.4 from its archive (when it is there), then each directory of
+# BENCH_CONTAINERD_BINS (containerd, ctr, containerd-shim-runc-v2 and runc inside).
 # KT_BENCH_ROUNDS, KT_BENCH_CRI_ROUNDS, KT_BENCH_STATE_CALLS and KT_BENCH_COLD=1 tune it.
-BENCH_CONTAINERD_BINS ?=
-bench: deps
+BENCH_CONTAINERD_BINS ?= $(if $(wildcard $(CONTAINERD2_ARCHIVE)),$(CONTAINERD2_BIN))
+bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	$(CARGO) bench -p kata-topo-core --locked --bench check
 	$(CARGO) build --release --workspace --locked --bins
 	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
@@ -126,7 +181,15 @@ bench: deps
 	done
 
 demo: build-all
-	@$(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+ifeq ($(strip $(CONTAINERD_BIN)),)
+	@env -u KT_CONTAINERD_BIN $(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+else
+	@KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+endif
+
+# The same demo on containerd 2.3.4 + runc 1.5.1 from the archive.
+demo-containerd2: containerd2
+	@$(MAKE) --no-print-directory demo CONTAINERD_BIN=$(CONTAINERD2_BIN)
 
 # Many updates through the wrapper in parallel; prints the daemons' RSS, threads and fds after
 # a warm-up and at the end, and what the sinks dropped (SOAK_PODS, SOAK_UPDATES per pod).

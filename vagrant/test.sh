@@ -61,21 +61,24 @@ expect_operation() { # OPERATION
   if new_log | grep -qF "\"operation\":\"$1\""; then ok "log: a $1 was checked"; else fail "no $1 verdict in ${KT_LOG}"; fi
 }
 
+# kata-topo events reads the event service on every containerd version (containerd 2.3's
+# `ctr events` cannot print a google.protobuf.StringValue payload).
 start_events() {
-  ctr -a "${KT_SOCK}" events > "${work}/events" 2>/dev/null &
+  "${KT_BIN}/kata-topo" events --address "${KT_SOCK}" > "${work}/events" 2>/dev/null &
   events_pid=$!
   sleep 0.5
 }
 
 expect_event() { # RULE
   for _ in $(seq 1 50); do
-    if grep -F /kata-topo/mismatch "${work}/events" | grep -qF "$1"; then
-      ok "ctr events: /kata-topo/mismatch with $1"
+    # One verdict: a line with the topic, then one indented line per finding.
+    if grep -A20 -F /kata-topo/mismatch "${work}/events" | grep -qF " $1: "; then
+      ok "kata-topo events: /kata-topo/mismatch with $1"
       return
     fi
     sleep 0.2
   done
-  fail "ctr events printed no /kata-topo/mismatch with $1"
+  fail "kata-topo events printed no /kata-topo/mismatch with $1"
 }
 
 expect_condition() { # 1 (mismatch) or 0 (clean)

@@ -28,16 +28,9 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use kata_topo_integration::{Containerd, Guard, Res, BUSYBOX};
+use kata_topo_proto::containerd::task::v2::StateRequest;
 use kata_topo_sinks::ttrpc::{Client, TASK_V2, TASK_V3};
 use prost::Message;
-
-#[derive(Clone, PartialEq, Message)]
-struct StateRequest {
-    #[prost(string, tag = "1")]
-    id: String,
-    #[prost(string, tag = "2")]
-    exec_id: String,
-}
 
 const KT: &str = "io.containerd.kata-topo.v2";
 const RUNC: &str = "io.containerd.runc.v2";

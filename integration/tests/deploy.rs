@@ -1,4 +1,5 @@
-//! The deployment files: the containerd snippet loads in the real containerd 1.6, the YAML and
+//! The deployment files: the containerd snippet of the version under test loads in that real
+//! containerd (1.6: config version 2; 2.x: version 3), the YAML and
 //! JSON parse and say what they should, node-problem-detector's patterns match exactly their
 //! findings in log lines a real wrapper wrote, and `make install` / `make uninstall` leave
 //! nothing behind.
@@ -7,27 +8,44 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kata_topo_integration::{workspace, Containerd, Guard, Res};
+use kata_topo_integration::{workspace, Containerd, ContainerdBin, Guard, Res};
 use serde_json::Value;
 
 fn deploy(rel: &str) -> PathBuf {
     workspace().join("deploy").join(rel)
 }
 
+/// The snippet for the containerd under test — `kata-topo-config-v2.toml` for 1.6/1.7,
+/// `kata-topo-config-v3.toml` for 2.x — imported by a configuration of the same version and
+/// dumped by that containerd: the handler arrives with its options.
 #[test]
-fn the_containerd_1_6_snippet_loads_in_the_real_containerd() {
+fn the_snippet_for_this_containerd_loads_in_the_real_containerd() {
+    let bins = ContainerdBin::get();
+    let (version, snippet, runtimes) = if bins.is_v2() {
+        (
+            3,
+            "containerd/kata-topo-config-v3.toml",
+            vec!["io.containerd.cri.v1.runtime", "containerd", "runtimes"],
+        )
+    } else {
+        (
+            2,
+            "containerd/kata-topo-config-v2.toml",
+            vec!["io.containerd.grpc.v1.cri", "containerd", "runtimes"],
+        )
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let main = dir.path().join("config.toml");
     std::fs::write(
         &main,
         format!(
-            "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\nimports = [\"{1}\"]\n",
+            "version = {version}\nroot = \"{0}/root\"\nstate = \"{0}/state\"\nimports = [\"{1}\"]\n",
             dir.path().display(),
-            deploy("containerd/kata-topo-config-v2.toml").display()
+            deploy(snippet).display()
         ),
     )
     .expect("config");
-    let out = Command::new("containerd")
+    let out = Command::new(bins.containerd())
         .arg("--config")
         .arg(&main)
         .args(["config", "dump"])
@@ -41,10 +59,16 @@ fn the_containerd_1_6_snippet_loads_in_the_real_containerd() {
     let dump: toml::Table = String::from_utf8_lossy(&out.stdout)
         .parse()
         .expect("dump is TOML");
-    let rt = &dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["kata-topo"];
+    let mut rt = &dump["plugins"];
+    for key in runtimes {
+        rt = &rt[key];
+    }
+    let rt = &rt["kata-topo"];
     assert_eq!(
         rt["runtime_type"].as_str(),
-        Some("io.containerd.kata-topo.v2")
+        Some("io.containerd.kata-topo.v2"),
+        "{} did not load {snippet}",
+        bins.version_text
     );
     let annotations: Vec<&str> = rt["pod_annotations"]
         .as_array()

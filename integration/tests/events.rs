@@ -1,9 +1,10 @@
-//! `kata-topo events` follows the findings a real wrapper publishes under the real containerd.
+//! `kata-topo events` follows the findings a real wrapper publishes under the real containerd,
+//! on every version; stock `ctr events` prints them on 1.x and cannot on 2.x.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kata_topo_integration::{bin_dir, eventually, Containerd, Guard, Res};
+use kata_topo_integration::{bin_dir, eventually, Containerd, ContainerdBin, Guard, Res};
 
 #[test]
 fn events_prints_a_published_finding() {
@@ -28,6 +29,7 @@ fn events_prints_a_published_finding() {
     let (mut json_child, json_out) = spawn(true, "k8s.io");
     let (mut human_child, human_out) = spawn(false, "k8s.io");
     let (mut other_child, other_out) = spawn(true, "default");
+    let ctr = c.events();
     std::thread::sleep(Duration::from_millis(500));
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("watched", &[("kata-topo.io/numa-nodes", "1")], true);
@@ -56,6 +58,34 @@ fn events_prints_a_published_finding() {
         read(&human_out)
     );
     assert_eq!(read(&other_out), "", "the namespace filter holds");
+    // Stock ctr: 1.x prints the StringValue; 2.3's links no wrappers.proto and skips it with
+    // an error, while the event reached every subscriber (kata-topo events above).
+    if ContainerdBin::get().is_v2() {
+        assert!(
+            eventually(Duration::from_secs(5), || ctr
+                .errors()
+                .contains("google.protobuf.StringValue")),
+            "ctr {}: {:?}",
+            ContainerdBin::get().version_text,
+            ctr.errors()
+        );
+        assert!(
+            ctr.lines()
+                .iter()
+                .all(|l| !l.contains("/kata-topo/mismatch")),
+            "{:?}",
+            ctr.lines()
+        );
+    } else {
+        let line = ctr
+            .wait_for("/kata-topo/mismatch", Duration::from_secs(5))
+            .expect("ctr events prints the event");
+        assert!(
+            line.contains("{\"value\":") && line.contains("vfio-remote"),
+            "{line}"
+        );
+    }
+    drop(ctr);
     for child in [&mut json_child, &mut human_child, &mut other_child] {
         let _ = child.kill();
         let _ = child.wait();

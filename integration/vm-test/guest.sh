@@ -259,8 +259,8 @@ step_vagrant_scenario() {
   step_from_section audit-cpuset-push "cpuset push across NUMA nodes" "cpu-outside-intent vfio-remote" \
     "$(rules_since "${mark}" "${audit} and .operation == \"update\" and .decision == \"allow\"")" \
     "ok: log: cpu-outside-intent allow" "ok: log: vfio-remote allow" \
-    "ok: ctr events: /kata-topo/mismatch with cpu-outside-intent" \
-    "ok: ctr events: /kata-topo/mismatch with vfio-remote" \
+    "ok: kata-topo events: /kata-topo/mismatch with cpu-outside-intent" \
+    "ok: kata-topo events: /kata-topo/mismatch with vfio-remote" \
     "ok: kata-topo status exit 1" "container: RUNNING 0"
   step_from_section enforce-cpuset-push "enforce mode" "cpu-outside-intent vfio-remote" \
     "$(rules_since "${mark}" "${enforce} and .operation == \"update\" and .decision == \"reject\"")" \

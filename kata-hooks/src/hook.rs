@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kata_topo::check::failed_verdict;
-use kata_topo::config::{Config, ENV_CONFIG};
+use kata_topo::config::Config;
 use kata_topo::kata::KataConfig;
 use kata_topo::state::GroupState;
 use kata_topo::vm::VmView;
@@ -96,9 +96,9 @@ pub fn run() -> Result<(), HookError> {
     let Some(args) = args()? else {
         return Ok(());
     };
-    let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
-    let (config, config_file) = Config::resolve(args.config.as_deref(), env_path.as_deref())
-        .map_err(|e| HookError::Usage(e.to_string()))?;
+    let resolved =
+        Config::resolve(args.config.as_deref()).map_err(|e| HookError::Usage(e.to_string()))?;
+    let (config, config_file) = (resolved.config, resolved.file);
     let log = Log::open(&config.log_file, false, Drops::new());
     let defaults = config.defaults();
     let verdict = match check(&config, config_file.as_deref()) {

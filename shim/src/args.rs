@@ -43,6 +43,10 @@ pub struct Args {
     pub group: String,
     /// Reaper only: what to clean up once the delegate exited (JSON).
     pub reap: String,
+    /// Daemon only: where the configuration came from (`ConfigPath`, `KATA_TOPO_CONFIG`, …).
+    pub config_source: String,
+    /// Daemon only: containerd's ttrpc address for events, as `start` resolved it.
+    pub ttrpc_address: String,
     /// The positional action word, if any.
     pub action_word: Option<String>,
 }
@@ -62,6 +66,19 @@ fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, ArgsError>
     value
         .parse()
         .map_err(|_| ArgsError::NotANumber(name.to_string(), value.to_string()))
+}
+
+impl Args {
+    /// The flags the start handshake falls back on when containerd sends no bootstrap.
+    pub fn flags(&self) -> kata_topo_proto::bootstrap::Flags {
+        kata_topo_proto::bootstrap::Flags {
+            id: self.id.clone(),
+            namespace: self.namespace.clone(),
+            address: self.address.clone(),
+            publish_binary: self.publish_binary.clone(),
+            debug: self.debug,
+        }
+    }
 }
 
 impl Args {
@@ -93,6 +110,8 @@ impl Args {
                     | "socket"
                     | "listen-fd"
                     | "config"
+                    | "config-source"
+                    | "ttrpc-address"
                     | "group"
                     | "reap"
             );
@@ -121,6 +140,8 @@ impl Args {
                 "config" => a.config = value,
                 "group" => a.group = value,
                 "reap" => a.reap = value,
+                "config-source" => a.config_source = value,
+                "ttrpc-address" => a.ttrpc_address = value,
                 "v" | "version" => {
                     a.action_word.get_or_insert_with(|| "-v".to_string());
                 }
@@ -168,8 +189,10 @@ mod tests {
         assert_eq!(parse("-namespace=ns -id=x start").namespace, "ns");
         assert_eq!(parse("-v").action(), Action::Version);
         assert_eq!(parse("-info").action(), Action::Other);
-        let daemon =
-            parse("-namespace n -id t -group g -listen-fd 3 -config /c.toml kata-topo-daemon");
+        let daemon = parse(
+            "-namespace n -id t -group g -listen-fd 3 -config /c.toml -config-source ConfigPath \
+             -ttrpc-address /c.sock.ttrpc kata-topo-daemon",
+        );
         assert_eq!(daemon.action(), Action::Daemon);
         assert_eq!(
             (
@@ -179,6 +202,8 @@ mod tests {
             ),
             (Some(3), "g", "/c.toml")
         );
+        assert_eq!(daemon.config_source, "ConfigPath");
+        assert_eq!(daemon.ttrpc_address, "/c.sock.ttrpc");
     }
 
     #[test]

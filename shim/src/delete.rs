@@ -30,7 +30,7 @@ use crate::ttrpc::{
     socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest,
     ShutdownRequest,
 };
-use kata_topo::config::{Config, ENV_CONFIG};
+use kata_topo::config::Config;
 
 /// The whole of `delete`'s own work; containerd allows 5 s, and the delegate's `delete` may
 /// still have to run after it.
@@ -43,10 +43,7 @@ const CALL_TIMEOUT: Duration = Duration::from_millis(800);
 /// Runs `delete`.
 pub fn run(args: &Args) -> ExitCode {
     let deadline = Instant::now() + BUDGET;
-    let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
-    let mut config = Config::resolve(None, env_path.as_deref())
-        .map(|(c, _)| c)
-        .unwrap_or_default();
+    let mut config = Config::resolve(None).map(|r| r.config).unwrap_or_default();
     let bundle = if args.bundle.is_empty() {
         std::env::current_dir().unwrap_or_default()
     } else {

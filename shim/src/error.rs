@@ -38,6 +38,7 @@ impl ShimError {
         Status {
             code: self.code() as i32,
             message: self.to_string(),
+            details: Vec::new(),
         }
     }
 }

@@ -24,8 +24,8 @@ use crate::checks::{OnAccept, Outcome, PodChecks};
 use crate::daemon::Delegate;
 use crate::error::ShimError;
 use crate::ttrpc::{
-    CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Incoming, Request, Response,
-    Status, UpdateTaskRequest, TASK_V2, TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
+    rename_service, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Incoming, Request,
+    Response, Status, UpdateTaskRequest, TASK_V2, TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
 };
 
 fn is_task_service(service: &str) -> bool {
@@ -86,7 +86,7 @@ fn inspect(
     if frame.kind != TYPE_REQUEST {
         return Route::Forward(frame);
     }
-    let mut request = match Request::decode(frame.payload.as_slice()) {
+    let request = match Request::decode(frame.payload.as_slice()) {
         Ok(r) => r,
         Err(e) => return Route::Answer(ShimError::BadRequest(e.to_string())),
     };
@@ -105,8 +105,10 @@ fn inspect(
         Some(Outcome::Forward(None)) | None => {}
     }
     if request.service != delegate.service {
-        request.service = delegate.service.to_string();
-        frame.payload = request.encode_to_vec();
+        match rename_service(&frame.payload, delegate.service) {
+            Ok(payload) => frame.payload = payload,
+            Err(e) => return Route::Answer(ShimError::BadRequest(e.to_string())),
+        }
     }
     Route::Forward(frame)
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use kata_topo::config::Config;
+use kata_topo::config::{Config, ConfigSource, Resolved};
 use kata_topo::kata::KataConfig;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
@@ -42,10 +42,7 @@ pub fn real_main() -> ExitCode {
 
 /// Actions the wrapper does not know (`-info`, future ones) go to the delegate.
 fn other(args: &Args) -> ExitCode {
-    let env_path = std::env::var_os(kata_topo::config::ENV_CONFIG).map(PathBuf::from);
-    let config = Config::resolve(None, env_path.as_deref())
-        .map(|(c, _)| c)
-        .unwrap_or_default();
+    let config = Config::resolve(None).map(|r| r.config).unwrap_or_default();
     match Command::new(&config.delegate_shim).args(&args.raw).status() {
         Ok(s) => ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8),
         Err(e) => {
@@ -107,8 +104,12 @@ fn daemon(args: &Args) -> ExitCode {
     let drops = Drops::new();
     let log_handle = Log::open(&config.log_file, args.debug, drops.clone());
     let log = log_handle.logger().clone();
+    // containerd's ttrpc address as `start` resolved it (the bootstrap's, else TTRPC_ADDRESS).
+    let ttrpc_address = Some(args.ttrpc_address.clone())
+        .filter(|a| !a.is_empty())
+        .or_else(|| std::env::var("TTRPC_ADDRESS").ok());
     let events = Events::start(
-        std::env::var("TTRPC_ADDRESS").ok(),
+        ttrpc_address,
         args.namespace.clone(),
         log.clone(),
         drops.clone(),
@@ -132,7 +133,23 @@ fn daemon(args: &Args) -> ExitCode {
         metrics,
         drops,
     };
-    let checks = PodChecks::new(config, kata, &args.namespace, &args.group, sinks);
+    // Which configuration decided, said before the delegate is asked (a delegate that refuses
+    // to start must not hide it); `kata-topo status` shows it too.
+    let source = ConfigSource::from_name(&args.config_source).unwrap_or(if config_file.is_some() {
+        ConfigSource::ConfigPath
+    } else {
+        ConfigSource::Defaults
+    });
+    slog::info!(log, "wrapper daemon started"; "event" => "daemon-started",
+        "sandbox_id" => &args.group, "namespace" => &args.namespace, "pid" => std::process::id(),
+        "config" => config_file.as_ref().map(|p| p.display().to_string()),
+        "config_source" => source.as_str(), "delegate_shim" => &config.delegate_shim);
+    let resolved = Resolved {
+        config,
+        file: config_file.clone(),
+        source,
+    };
+    let checks = PodChecks::new(resolved, kata, &args.namespace, &args.group, sinks);
     checks.spawn_refresher();
     let done = |log_handle: &Log| {
         log_handle.flush(Instant::now() + Duration::from_secs(1));
@@ -146,9 +163,8 @@ fn daemon(args: &Args) -> ExitCode {
         return ExitCode::FAILURE;
     };
     checks.record_daemon(&delegate.address, None);
-    slog::info!(log, "wrapper daemon started"; "event" => "daemon-started",
-        "sandbox_id" => &args.group, "namespace" => &args.namespace,
-        "delegate" => socket_path(&delegate.address), "pid" => std::process::id());
+    slog::info!(log, "delegate started"; "event" => "delegate-started",
+        "sandbox_id" => &args.group, "delegate" => socket_path(&delegate.address));
     let reopen = log_handle.clone();
     let exit = serve(
         listener,

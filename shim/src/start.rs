@@ -8,6 +8,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
+use std::time::{Duration, Instant};
+
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -15,13 +17,10 @@ use sha2::{Digest, Sha256};
 use crate::args::Args;
 use crate::daemon::Delegate;
 use crate::state::GroupState;
-use crate::ttrpc::{socket_path, Client, RuntimeOptions, ShutdownRequest};
-use kata_topo::config::{Config, ENV_CONFIG};
+use crate::ttrpc::{socket_path, Client, ShutdownRequest};
+use kata_topo::config::{Config, Resolved};
 use kata_topo::process::ProcessId;
-use std::time::{Duration, Instant};
-
-/// Where shims put their sockets (containerd hard-codes it, whatever its `state` setting).
-pub const SOCKET_DIR: &str = "/run/containerd/s";
+use kata_topo_proto::bootstrap::{Reply, StartParams, Stdin};
 
 /// The bundle file that tells `delete` (and a later `start`) who the delegate is.
 pub const BUNDLE_FILE: &str = "kata-topo.json";
@@ -53,172 +52,39 @@ impl BundleInfo {
     }
 }
 
-/// How the delegate answered `start`, so the wrapper answers the same way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    /// A plain `unix://` address (containerd 1.6).
-    Plain,
-    /// JSON `{"version":N,"address":…,"protocol":…}` (1.7, 2.x).
-    Json {
-        /// Task API version.
-        version: u32,
-        /// `ttrpc` or `grpc`.
-        protocol: String,
-    },
-    /// A protobuf bootstrap result (2.3+): the original bytes, with the address field at
-    /// `(field number)`.
-    Protobuf {
-        /// The delegate's bytes.
-        bytes: Vec<u8>,
-        /// The field holding the address.
-        field: u64,
-    },
+/// The wrapper's socket for a pod, in the shims' socket directory. Shims name theirs after
+/// sha256(containerd address + "/" + namespace + "/" + group); the delegate does exactly that,
+/// so the wrapper adds its own suffix and can never collide with it.
+pub fn socket_address(
+    socket_dir: &Path,
+    containerd_address: &str,
+    namespace: &str,
+    group: &str,
+) -> String {
+    shim_socket(
+        socket_dir,
+        &format!("{containerd_address}/{namespace}/{group}/kata-topo"),
+    )
 }
 
-/// Why the reply could not be understood.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("kata-topo: cannot understand the delegate's start reply {0:?}")]
-pub struct ReplyError(pub String);
-
-impl Reply {
-    /// Parses the delegate's stdout: returns the format, the delegate's address and its task
-    /// API version.
-    pub fn parse(out: &[u8]) -> Result<(Self, String, u32), ReplyError> {
-        let shown = || ReplyError(String::from_utf8_lossy(out).chars().take(200).collect());
-        if let Ok(text) = std::str::from_utf8(out) {
-            let text = text.trim();
-            if text.starts_with("unix://") || text.starts_with('/') {
-                return Ok((Self::Plain, text.to_string(), 2));
-            }
-            if text.starts_with('{') {
-                #[derive(Deserialize)]
-                struct J {
-                    version: u32,
-                    address: String,
-                    #[serde(default)]
-                    protocol: String,
-                }
-                let j: J = serde_json::from_str(text).map_err(|_| shown())?;
-                return Ok((
-                    Self::Json {
-                        version: j.version,
-                        protocol: j.protocol,
-                    },
-                    j.address,
-                    j.version,
-                ));
-            }
-        }
-        // Protobuf: find the string field that holds an address, and a small varint version.
-        let fields = wire_fields(out).ok_or_else(shown)?;
-        let (field, address) = fields
-            .iter()
-            .find_map(|(n, v)| match v {
-                Wire::Bytes(b) => std::str::from_utf8(b)
-                    .ok()
-                    .filter(|s| s.starts_with("unix://") || s.starts_with('/'))
-                    .map(|s| (*n, s.to_string())),
-                Wire::Varint(_) => None,
-            })
-            .ok_or_else(shown)?;
-        let version = fields
-            .iter()
-            .find_map(|(_, v)| match v {
-                Wire::Varint(x @ 2..=3) => Some(*x as u32),
-                _ => None,
-            })
-            .unwrap_or(3);
-        Ok((
-            Self::Protobuf {
-                bytes: out.to_vec(),
-                field,
-            },
-            address,
-            version,
-        ))
-    }
-
-    /// The same reply with the wrapper's address.
-    pub fn encode(&self, address: &str) -> Vec<u8> {
-        match self {
-            Self::Plain => address.as_bytes().to_vec(),
-            Self::Json { version, protocol } => serde_json::json!({
-                "version": version, "address": address, "protocol": protocol
-            })
-            .to_string()
-            .into_bytes(),
-            Self::Protobuf { bytes, field } => {
-                let mut out = Vec::new();
-                for (n, v) in wire_fields(bytes).unwrap_or_default() {
-                    let value = match (&v, n == *field) {
-                        (Wire::Bytes(_), true) => Wire::Bytes(address.as_bytes().to_vec()),
-                        _ => v,
-                    };
-                    match value {
-                        Wire::Varint(x) => {
-                            prost::encoding::encode_key(
-                                n as u32,
-                                prost::encoding::WireType::Varint,
-                                &mut out,
-                            );
-                            prost::encoding::encode_varint(x, &mut out);
-                        }
-                        Wire::Bytes(b) => {
-                            prost::encoding::encode_key(
-                                n as u32,
-                                prost::encoding::WireType::LengthDelimited,
-                                &mut out,
-                            );
-                            prost::encoding::encode_varint(b.len() as u64, &mut out);
-                            out.extend_from_slice(&b);
-                        }
-                    }
-                }
-                out
-            }
-        }
-    }
+/// Where a shim of the containerd shim library listens: `<socket dir>/<sha256(containerd
+/// address + "/" + namespace + "/" + group)>`.
+pub fn delegate_socket_address(
+    socket_dir: &Path,
+    containerd_address: &str,
+    namespace: &str,
+    group: &str,
+) -> String {
+    shim_socket(
+        socket_dir,
+        &format!("{containerd_address}/{namespace}/{group}"),
+    )
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Wire {
-    Varint(u64),
-    Bytes(Vec<u8>),
-}
-
-/// Top-level fields of a protobuf message (varint and length-delimited only).
-fn wire_fields(mut buf: &[u8]) -> Option<Vec<(u64, Wire)>> {
-    let mut fields = Vec::new();
-    while !buf.is_empty() {
-        let key = prost::encoding::decode_varint(&mut buf).ok()?;
-        let (number, kind) = (key >> 3, key & 7);
-        match kind {
-            0 => fields.push((
-                number,
-                Wire::Varint(prost::encoding::decode_varint(&mut buf).ok()?),
-            )),
-            2 => {
-                let len = prost::encoding::decode_varint(&mut buf).ok()? as usize;
-                if len > buf.len() {
-                    return None;
-                }
-                fields.push((number, Wire::Bytes(buf[..len].to_vec())));
-                buf = &buf[len..];
-            }
-            _ => return None,
-        }
-    }
-    Some(fields)
-}
-
-/// The wrapper's socket for a pod. Shims name theirs after sha256(containerd address + "/" +
-/// namespace + "/" + group); the delegate does exactly that, so the wrapper adds its own suffix
-/// and can never collide with it.
-pub fn socket_address(containerd_address: &str, namespace: &str, group: &str) -> String {
-    let digest =
-        Sha256::digest(format!("{containerd_address}/{namespace}/{group}/kata-topo").as_bytes());
+fn shim_socket(socket_dir: &Path, name: &str) -> String {
+    let digest = Sha256::digest(name.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("unix://{SOCKET_DIR}/{hex}")
+    format!("unix://{}/{hex}", socket_dir.display())
 }
 
 /// The pod group of a task: the CRI sandbox id, runc's group annotation, else the task id.
@@ -234,20 +100,6 @@ pub fn group_of(bundle: &Path, task_id: &str) -> String {
         .unwrap_or_else(|| task_id.to_string())
 }
 
-/// The `ConfigPath` containerd passed in the runtime options, if any.
-pub fn config_path_from_options(stdin: &[u8]) -> Option<PathBuf> {
-    if stdin.is_empty() {
-        return None;
-    }
-    // An Any whose value is runtimeoptions.v1.Options.
-    let any = crate::ttrpc::Any::decode(stdin).ok()?;
-    if !any.type_url.ends_with("runtimeoptions.v1.Options") {
-        return None;
-    }
-    let opts = RuntimeOptions::decode(any.value.as_slice()).ok()?;
-    Some(PathBuf::from(opts.config_path)).filter(|p| !p.as_os_str().is_empty())
-}
-
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     // containerd shows start's output to the user when start fails.
     eprintln!("{message}");
@@ -260,13 +112,18 @@ pub fn run(args: &Args) -> ExitCode {
     if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
         return fail(format!("kata-topo: cannot read start options: {e}"));
     }
-    let options_path = config_path_from_options(&stdin);
-    let env_path = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
-    let (config, config_file) = match Config::resolve(options_path.as_deref(), env_path.as_deref())
-    {
-        Ok(c) => c,
+    // The bootstrap (containerd 2.3+), else the legacy options, flags and environment.
+    let params = match Stdin::decode(&stdin).and_then(|input| {
+        StartParams::resolve(&input, &args.flags(), std::env::var("TTRPC_ADDRESS").ok())
+    }) {
+        Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let resolved = match Config::resolve(params.config_path.as_deref()) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let config = &resolved.config;
     // The delegate's start first, with our argv, environment, cwd and stdin: containerd waits
     // for it whatever the wrapper does, so nothing of the wrapper's goes before it.
     let child = Command::new(&config.delegate_shim)
@@ -293,9 +150,14 @@ pub fn run(args: &Args) -> ExitCode {
     // through its stdin). Bound after the delegate was spawned, the daemon's listener is
     // never inherited by the delegate.
     let bundle = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let group = group_of(&bundle, &args.id);
-    let address = socket_address(&args.address, &args.namespace, &group);
-    let daemon = ensure_daemon(args, &config, config_file.as_deref(), &group, &address);
+    let group = group_of(&bundle, &params.instance_id);
+    let address = socket_address(
+        params.socket_dir(),
+        &params.grpc_address,
+        &params.namespace,
+        &group,
+    );
+    let daemon = ensure_daemon(&params, &resolved, &group, &address);
 
     let output = match child.wait_with_output() {
         Ok(o) => o,
@@ -311,9 +173,14 @@ pub fn run(args: &Args) -> ExitCode {
     // started for it, behind.
     let mut undo = Undo {
         delegate: None,
-        fallback_delegate: delegate_socket_address(&args.address, &args.namespace, &group),
-        namespace: args.namespace.clone(),
-        id: args.id.clone(),
+        fallback_delegate: delegate_socket_address(
+            params.socket_dir(),
+            &params.grpc_address,
+            &params.namespace,
+            &group,
+        ),
+        namespace: params.namespace.clone(),
+        id: params.instance_id.clone(),
         started: None,
     };
     let daemon = match daemon {
@@ -331,7 +198,7 @@ pub fn run(args: &Args) -> ExitCode {
         delegate_address: String::new(),
         delegate_version: 2,
         group,
-        namespace: args.namespace.clone(),
+        namespace: params.namespace.clone(),
         delegate_shim: config.delegate_shim.clone(),
         state_dir: config.state_dir.clone(),
     };
@@ -428,14 +295,6 @@ impl Undo {
     }
 }
 
-/// Where a shim of the containerd shim library listens: `/run/containerd/s/<sha256(containerd
-/// address + "/" + namespace + "/" + group)>`.
-pub fn delegate_socket_address(containerd_address: &str, namespace: &str, group: &str) -> String {
-    let digest = Sha256::digest(format!("{containerd_address}/{namespace}/{group}").as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("unix://{SOCKET_DIR}/{hex}")
-}
-
 /// The pod's wrapper daemon as `start` sees it.
 enum Daemon {
     /// Already serving the pod; its record names the delegate it forwards to.
@@ -477,15 +336,15 @@ impl Daemon {
 
 /// Reuses the pod's running daemon, or starts one on a freshly bound socket.
 fn ensure_daemon(
-    args: &Args,
-    config: &Config,
-    config_file: Option<&Path>,
+    params: &StartParams,
+    resolved: &Resolved,
     group: &str,
     address: &str,
 ) -> Result<Daemon, String> {
+    let config = &resolved.config;
     let path = Path::new(socket_path(address));
     // The daemon creates the pod's state; a running one has written its record there.
-    let state = GroupState::at(&config.state_dir, &args.namespace, group);
+    let state = GroupState::at(&config.state_dir, &params.namespace, group);
     if UnixStream::connect(path).is_ok() {
         return Ok(Daemon::Running { state });
     }
@@ -509,24 +368,30 @@ fn ensure_daemon(
     let exe = std::env::current_exe().map_err(|e| format!("kata-topo: cannot find itself: {e}"))?;
     let mut cmd = Command::new(exe);
     cmd.arg("-namespace")
-        .arg(&args.namespace)
+        .arg(&params.namespace)
         .arg("-address")
-        .arg(&args.address)
+        .arg(&params.grpc_address)
         .arg("-publish-binary")
-        .arg(&args.publish_binary)
+        .arg(&params.containerd_binary)
+        .arg("-ttrpc-address")
+        .arg(&params.ttrpc_address)
         .arg("-id")
-        .arg(&args.id)
+        .arg(&params.instance_id)
         .arg("-group")
         .arg(group)
         .arg("-listen-fd")
         .arg(listener.as_raw_fd().to_string())
         .arg("-config")
         .arg(
-            config_file
+            resolved
+                .file
+                .as_ref()
                 .map(|p| p.as_os_str().to_owned())
                 .unwrap_or_default(),
-        );
-    if args.debug {
+        )
+        .arg("-config-source")
+        .arg(resolved.source.as_str());
+    if params.debug {
         cmd.arg("-debug");
     }
     // One malloc arena for all of the daemon's threads: it allocates little and rarely, and
@@ -556,82 +421,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_and_answers_every_reply_format() {
-        let (r, a, v) = Reply::parse(b"unix:///run/containerd/s/abc\n").expect("plain");
-        assert_eq!(
-            (r.clone(), a.as_str(), v),
-            (Reply::Plain, "unix:///run/containerd/s/abc", 2)
-        );
-        assert_eq!(
-            r.encode("unix:///run/containerd/s/me"),
-            b"unix:///run/containerd/s/me"
-        );
-
-        let (r, a, v) =
-            Reply::parse(br#"{"version":3,"address":"unix:///run/x","protocol":"ttrpc"}"#)
-                .expect("json");
-        assert_eq!((a.as_str(), v), ("unix:///run/x", 3));
-        let out: serde_json::Value = serde_json::from_slice(&r.encode("unix:///me")).expect("json");
-        assert_eq!(
-            out,
-            serde_json::json!({"version": 3, "address": "unix:///me", "protocol": "ttrpc"})
-        );
-
-        // A protobuf bootstrap result: version 3 (field 1), address (field 2), protocol (3).
-        let mut pb = Vec::new();
-        prost::encoding::int32::encode(1, &3, &mut pb);
-        prost::encoding::string::encode(2, &"unix:///run/d".to_string(), &mut pb);
-        prost::encoding::string::encode(3, &"ttrpc".to_string(), &mut pb);
-        let (r, a, v) = Reply::parse(&pb).expect("protobuf");
-        assert_eq!((a.as_str(), v), ("unix:///run/d", 3));
-        let mine = r.encode("unix:///run/me");
-        let (_, a2, v2) = Reply::parse(&mine).expect("re-parse");
-        assert_eq!((a2.as_str(), v2), ("unix:///run/me", 3));
-        assert!(mine.windows(5).any(|w| w == b"ttrpc"), "other fields kept");
-
-        assert!(Reply::parse(b"nonsense").is_err());
-        assert!(Reply::parse(b"{\"version\":\"x\"}").is_err());
-        assert!(Reply::parse(&[0xff, 0xff, 0xff]).is_err());
-    }
-
-    #[test]
     fn socket_names_never_collide_with_the_delegate() {
-        let ours = socket_address("/run/containerd/containerd.sock", "k8s.io", "sb1");
+        let dir = Path::new(kata_topo_proto::bootstrap::DEFAULT_SOCKET_DIR);
+        let containerd = "/run/containerd/containerd.sock";
+        let ours = socket_address(dir, containerd, "k8s.io", "sb1");
         let digest = Sha256::digest(b"/run/containerd/containerd.sock/k8s.io/sb1");
         let theirs: String = digest.iter().map(|b| format!("{b:02x}")).collect();
         assert!(ours.starts_with("unix:///run/containerd/s/"));
         assert!(!ours.ends_with(&theirs));
-        assert_ne!(
-            ours,
-            socket_address("/run/containerd/containerd.sock", "k8s.io", "sb2")
-        );
-        assert_ne!(
-            ours,
-            socket_address("/run/containerd/containerd.sock", "default", "sb1")
-        );
-        assert!(socket_path(&ours).len() < 108, "fits sun_path");
-    }
-
-    #[test]
-    fn reads_config_path_from_runtime_options() {
-        let opts = RuntimeOptions {
-            type_url: "io.containerd.kata.v2".into(),
-            config_path: "/opt/kata/configuration.toml".into(),
-        };
-        let any = crate::ttrpc::Any {
-            type_url: "runtimeoptions.v1.Options".into(),
-            value: opts.encode_to_vec(),
-        };
         assert_eq!(
-            config_path_from_options(&any.encode_to_vec()),
-            Some(PathBuf::from("/opt/kata/configuration.toml"))
+            delegate_socket_address(dir, containerd, "k8s.io", "sb1"),
+            format!("unix:///run/containerd/s/{theirs}")
         );
-        assert_eq!(config_path_from_options(b""), None);
-        let other = crate::ttrpc::Any {
-            type_url: "containerd.runc.v1.Options".into(),
-            value: vec![],
-        };
-        assert_eq!(config_path_from_options(&other.encode_to_vec()), None);
+        assert_ne!(ours, socket_address(dir, containerd, "k8s.io", "sb2"));
+        assert_ne!(ours, socket_address(dir, containerd, "default", "sb1"));
+        // containerd 2.3's socket_dir.
+        let elsewhere = socket_address(Path::new("/run/k/s"), containerd, "k8s.io", "sb1");
+        assert!(elsewhere.starts_with("unix:///run/k/s/"), "{elsewhere}");
+        assert!(socket_path(&ours).len() < 108, "fits sun_path");
     }
 
     #[test]

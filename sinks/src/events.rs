@@ -10,7 +10,7 @@ use prost::Message;
 use slog::Logger;
 
 use crate::queue::{Drops, Lane, Sink};
-use crate::ttrpc::{Any, Client, Envelope, ForwardRequest, StringValue, Timestamp};
+use crate::ttrpc::{Any, Client, Envelope, ForwardRequest, Timestamp};
 
 /// The event topic (a contract).
 pub const TOPIC_MISMATCH: &str = "/kata-topo/mismatch";
@@ -62,7 +62,8 @@ impl Events {
 /// A verdict as the event's `google.protobuf.StringValue`.
 pub fn payload(v: &Verdict) -> Option<Vec<u8>> {
     let json = serde_json::to_string(v).ok()?;
-    Some(StringValue { value: json }.encode_to_vec())
+    // A google.protobuf.StringValue is prost's `String` message.
+    Some(json.encode_to_vec())
 }
 
 /// Sends one event (an encoded `StringValue`) through `Events/Forward`, giving up at
@@ -76,7 +77,7 @@ pub fn publish(
     let mut client = Client::connect(address, deadline)?;
     let request = ForwardRequest {
         envelope: Some(Envelope {
-            timestamp: Some(Timestamp::now()),
+            timestamp: Some(Timestamp::from(std::time::SystemTime::now())),
             namespace: namespace.to_string(),
             topic: TOPIC_MISMATCH.to_string(),
             event: Some(Any {

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use prost::Message;
 
@@ -147,238 +147,30 @@ impl Incoming {
         Status {
             code: Code::ResourceExhausted as i32,
             message: format!("message length {len} exceed maximum message size of {MAX_FRAME}"),
+            details: Vec::new(),
         }
     }
 }
 
-/// `ttrpc.KeyValue`.
-#[derive(Clone, PartialEq, Message)]
-pub struct KeyValue {
-    /// Key.
-    #[prost(string, tag = "1")]
-    pub key: String,
-    /// Value.
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
+// The messages, generated from containerd's and ttrpc's own .proto files (crate
+// kata-topo-proto). A google.protobuf.StringValue is prost's `String` message.
+pub use kata_topo_proto::containerd::services::events::ttrpc::v1::ForwardRequest;
+pub use kata_topo_proto::containerd::task::v2::{
+    ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
+    KillRequest, ShutdownRequest, UpdateTaskRequest,
+};
+pub use kata_topo_proto::containerd::types::Envelope;
+pub use kata_topo_proto::google::rpc::Status;
+pub use kata_topo_proto::prost_types::{Any, Timestamp};
+pub use kata_topo_proto::runtimeoptions::v1::Options as RuntimeOptions;
+pub use kata_topo_proto::ttrpc::{KeyValue, Request, Response};
 
-/// `ttrpc.Request`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Request {
-    /// Service name.
-    #[prost(string, tag = "1")]
-    pub service: String,
-    /// Method name.
-    #[prost(string, tag = "2")]
-    pub method: String,
-    /// The call's message.
-    #[prost(bytes = "vec", tag = "3")]
-    pub payload: Vec<u8>,
-    /// Deadline, in nanoseconds from now.
-    #[prost(int64, tag = "4")]
-    pub timeout_nano: i64,
-    /// Metadata (containerd puts the namespace here).
-    #[prost(message, repeated, tag = "5")]
-    pub metadata: Vec<KeyValue>,
-}
-
-/// `google.rpc.Status`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Status {
-    /// The code.
-    #[prost(int32, tag = "1")]
-    pub code: i32,
-    /// The message.
-    #[prost(string, tag = "2")]
-    pub message: String,
-}
-
-/// `ttrpc.Response`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Response {
-    /// Status; absent means OK.
-    #[prost(message, optional, tag = "1")]
-    pub status: Option<Status>,
-    /// The reply message.
-    #[prost(bytes = "vec", tag = "2")]
-    pub payload: Vec<u8>,
-}
-
-impl Response {
-    /// The status code (0 when absent).
-    pub fn code(&self) -> i32 {
-        self.status.as_ref().map_or(0, |s| s.code)
-    }
-}
-
-/// `google.protobuf.Any`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Any {
-    /// Type URL.
-    #[prost(string, tag = "1")]
-    pub type_url: String,
-    /// Encoded value.
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
-}
-
-/// `google.protobuf.Timestamp`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Timestamp {
-    /// Seconds since the epoch.
-    #[prost(int64, tag = "1")]
-    pub seconds: i64,
-    /// Nanoseconds.
-    #[prost(int32, tag = "2")]
-    pub nanos: i32,
-}
-
-impl Timestamp {
-    /// Now.
-    pub fn now() -> Self {
-        let d = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        Self {
-            seconds: d.as_secs() as i64,
-            nanos: d.subsec_nanos() as i32,
-        }
-    }
-}
-
-/// `google.protobuf.StringValue`.
-#[derive(Clone, PartialEq, Message)]
-pub struct StringValue {
-    /// The string.
-    #[prost(string, tag = "1")]
-    pub value: String,
-}
-
-/// `containerd.task.v2.CreateTaskRequest` (the fields the wrapper reads).
-#[derive(Clone, PartialEq, Message)]
-pub struct CreateTaskRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-    /// Bundle directory.
-    #[prost(string, tag = "2")]
-    pub bundle: String,
-}
-
-/// `containerd.task.v2.CreateTaskResponse`.
-#[derive(Clone, PartialEq, Message)]
-pub struct CreateTaskResponse {
-    /// The task's pid (Kata: the VMM's).
-    #[prost(uint32, tag = "1")]
-    pub pid: u32,
-}
-
-/// `containerd.task.v2.UpdateTaskRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct UpdateTaskRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-    /// `LinuxResources` as JSON in an Any.
-    #[prost(message, optional, tag = "2")]
-    pub resources: Option<Any>,
-}
-
-/// `containerd.task.v2.DeleteRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct DeleteRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-    /// Exec id (empty for the task itself).
-    #[prost(string, tag = "2")]
-    pub exec_id: String,
-}
-
-/// `containerd.task.v2.KillRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct KillRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-    /// Exec id.
-    #[prost(string, tag = "2")]
-    pub exec_id: String,
-    /// Signal.
-    #[prost(uint32, tag = "3")]
-    pub signal: u32,
-    /// All processes.
-    #[prost(bool, tag = "4")]
-    pub all: bool,
-}
-
-/// `containerd.task.v2.ShutdownRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ShutdownRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-    /// Now.
-    #[prost(bool, tag = "2")]
-    pub now: bool,
-}
-
-/// `containerd.task.v2.ConnectRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ConnectRequest {
-    /// Task id.
-    #[prost(string, tag = "1")]
-    pub id: String,
-}
-
-/// `containerd.task.v2.ConnectResponse`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ConnectResponse {
-    /// The shim's own pid.
-    #[prost(uint32, tag = "1")]
-    pub shim_pid: u32,
-    /// The task's pid.
-    #[prost(uint32, tag = "2")]
-    pub task_pid: u32,
-    /// The shim's version.
-    #[prost(string, tag = "3")]
-    pub version: String,
-}
-
-/// `containerd.services.events.v1.Envelope`.
-#[derive(Clone, PartialEq, Message)]
-pub struct Envelope {
-    /// When.
-    #[prost(message, optional, tag = "1")]
-    pub timestamp: Option<Timestamp>,
-    /// Namespace.
-    #[prost(string, tag = "2")]
-    pub namespace: String,
-    /// Topic.
-    #[prost(string, tag = "3")]
-    pub topic: String,
-    /// Payload.
-    #[prost(message, optional, tag = "4")]
-    pub event: Option<Any>,
-}
-
-/// `containerd.services.events.ttrpc.v1.ForwardRequest`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ForwardRequest {
-    /// The event.
-    #[prost(message, optional, tag = "1")]
-    pub envelope: Option<Envelope>,
-}
-
-/// `runtimeoptions.v1.Options` (what CRI sends a non-runc shim on `start`'s stdin).
-#[derive(Clone, PartialEq, Message)]
-pub struct RuntimeOptions {
-    /// Type URL of the options.
-    #[prost(string, tag = "1")]
-    pub type_url: String,
-    /// The runtime's configuration file.
-    #[prost(string, tag = "2")]
-    pub config_path: String,
+/// A request frame's payload with its service renamed (v2 ↔ v3), every other byte kept.
+pub fn rename_service(
+    payload: &[u8],
+    service: &str,
+) -> Result<Vec<u8>, kata_topo_proto::WireError> {
+    Request::with_service(payload, service)
 }
 
 /// Strips `unix://` from an address.
@@ -531,6 +323,7 @@ mod tests {
                 type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
                 value: br#"{"cpu":{"cpus":"0-1"}}"#.to_vec(),
             }),
+            ..Default::default()
         };
         let back = UpdateTaskRequest::decode(req.encode_to_vec().as_slice()).expect("decode");
         assert_eq!(back, req);

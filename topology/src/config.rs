@@ -220,23 +220,97 @@ impl Config {
         Self::parse(&text, path)
     }
 
-    /// Resolves and reads the configuration: `ConfigPath`, then `KATA_TOPO_CONFIG`, then Kata's
-    /// default paths, else the defaults. Returns the file used, if any.
-    pub fn resolve(
+    /// Resolves and reads the configuration: `ConfigPath` (the runtime option containerd
+    /// passes, when given), then the file named by `KATA_TOPO_CONFIG`, then Kata's default
+    /// paths, else the built-in defaults.
+    pub fn resolve(config_path: Option<&Path>) -> Result<Resolved, ConfigError> {
+        let env = std::env::var_os(ENV_CONFIG).map(PathBuf::from);
+        Self::resolve_from(config_path, env.as_deref())
+    }
+
+    /// [`Config::resolve`] with the environment variable's value given.
+    pub fn resolve_from(
         config_path: Option<&Path>,
         env: Option<&Path>,
-    ) -> Result<(Self, Option<PathBuf>), ConfigError> {
-        let named = config_path.or(env);
-        if let Some(path) = named {
-            return Ok((Self::from_file(path)?, Some(path.to_path_buf())));
+    ) -> Result<Resolved, ConfigError> {
+        let named = match (config_path, env) {
+            (Some(p), _) => Some((p, ConfigSource::ConfigPath)),
+            (None, Some(p)) => Some((p, ConfigSource::Env)),
+            (None, None) => None,
+        };
+        let kata_default = || {
+            KATA_DEFAULT_PATHS
+                .iter()
+                .map(Path::new)
+                .find(|p| p.is_file())
+                .map(|p| (p, ConfigSource::KataDefault))
+        };
+        match named.or_else(kata_default) {
+            Some((path, source)) => Ok(Resolved {
+                config: Self::from_file(path)?,
+                file: Some(path.to_path_buf()),
+                source,
+            }),
+            None => Ok(Resolved {
+                config: Self::default(),
+                file: None,
+                source: ConfigSource::Defaults,
+            }),
         }
-        for p in KATA_DEFAULT_PATHS {
-            let path = Path::new(p);
-            if path.is_file() {
-                return Ok((Self::from_file(path)?, Some(path.to_path_buf())));
-            }
+    }
+}
+
+/// A configuration and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The configuration in force.
+    pub config: Config,
+    /// The file it was read from (`None`: the built-in defaults).
+    pub file: Option<PathBuf>,
+    /// Which source decided.
+    pub source: ConfigSource,
+}
+
+/// Which source decided the configuration in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The runtime option `ConfigPath` containerd passed (`start`'s stdin).
+    ConfigPath,
+    /// The environment variable `KATA_TOPO_CONFIG`.
+    Env,
+    /// One of Kata's default configuration paths.
+    KataDefault,
+    /// No file: the built-in defaults.
+    Defaults,
+}
+
+impl ConfigSource {
+    /// The name the `daemon-started` log line and `kata-topo status` show.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigPath => "ConfigPath",
+            Self::Env => ENV_CONFIG,
+            Self::KataDefault => "kata-default-path",
+            Self::Defaults => "built-in-defaults",
         }
-        Ok((Self::default(), None))
+    }
+
+    /// The source named `name` ([`ConfigSource::as_str`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::ConfigPath,
+            Self::Env,
+            Self::KataDefault,
+            Self::Defaults,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -342,14 +416,27 @@ topology_cache = false
         let b = dir.path().join("b.toml");
         std::fs::write(&a, "[topology_guard]\nmode = \"enforce\"\n").expect("write");
         std::fs::write(&b, "[topology_guard]\nmode = \"audit\"\n").expect("write");
-        let (c, used) = Config::resolve(Some(&a), Some(&b)).expect("resolve");
+        let r = Config::resolve_from(Some(&a), Some(&b)).expect("resolve");
         assert_eq!(
-            (c.mode, used.as_deref()),
-            (Mode::Enforce, Some(a.as_path()))
+            (r.config.mode, r.file.as_deref(), r.source),
+            (Mode::Enforce, Some(a.as_path()), ConfigSource::ConfigPath)
         );
-        let (c, used) = Config::resolve(None, Some(&b)).expect("resolve");
-        assert_eq!((c.mode, used.as_deref()), (Mode::Audit, Some(b.as_path())));
-        let e = Config::resolve(Some(&dir.path().join("missing.toml")), None).expect_err("missing");
+        let r = Config::resolve_from(None, Some(&b)).expect("resolve");
+        assert_eq!(
+            (r.config.mode, r.file.as_deref(), r.source),
+            (Mode::Audit, Some(b.as_path()), ConfigSource::Env)
+        );
+        assert_eq!(r.source.as_str(), "KATA_TOPO_CONFIG");
+        for s in [
+            ConfigSource::ConfigPath,
+            ConfigSource::Env,
+            ConfigSource::KataDefault,
+            ConfigSource::Defaults,
+        ] {
+            assert_eq!(ConfigSource::from_name(s.as_str()), Some(s));
+        }
+        let e = Config::resolve_from(Some(&dir.path().join("missing.toml")), None)
+            .expect_err("missing");
         assert!(e.to_string().contains("missing.toml"));
     }
 }

@@ -30,6 +30,9 @@ pub struct TaskRecord {
     pub pid: Option<u32>,
 }
 
+/// The file of a pod's [`DaemonRecord`].
+const DAEMON_FILE: &str = "daemon.json";
+
 /// Who serves a pod: the wrapper daemon and the delegate shim it forwards to. The daemon
 /// writes it; `start` reads it to reuse the daemon, `delete` to tell a crashed wrapper from
 /// one that exited because its delegate did.
@@ -41,6 +44,13 @@ pub struct DaemonRecord {
     pub delegate_address: String,
     /// The delegate shim's process, once the daemon asked it (`Connect`).
     pub delegate: Option<ProcessId>,
+    /// The configuration file in force (`None`: the built-in defaults).
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// Where it came from: `ConfigPath`, `KATA_TOPO_CONFIG`, `kata-default-path` or
+    /// `built-in-defaults` ([`crate::config::ConfigSource`]).
+    #[serde(default)]
+    pub config_source: String,
 }
 
 /// One pod's state directory.
@@ -127,12 +137,12 @@ impl GroupState {
 
     /// Who serves the pod.
     pub fn daemon(&self) -> io::Result<Option<DaemonRecord>> {
-        read_json(&self.dir.join("daemon.json"))
+        read_json(&self.dir.join(DAEMON_FILE))
     }
 
     /// Records who serves the pod.
     pub fn save_daemon(&self, d: &DaemonRecord) -> io::Result<()> {
-        write_json(&self.dir.join("daemon.json"), d)
+        write_json(&self.dir.join(DAEMON_FILE), d)
     }
 
     /// Its directory.
@@ -234,6 +244,8 @@ pub struct PodState {
     pub sandbox_id: String,
     /// The sandbox's baseline.
     pub sandbox: Option<Baseline>,
+    /// The wrapper daemon serving the pod and its configuration (none for the hook's store).
+    pub daemon: Option<DaemonRecord>,
     /// Container baselines by name.
     pub containers: Vec<(String, Baseline)>,
     /// Tasks by id.
@@ -290,10 +302,18 @@ pub fn read_pod(dir: &Path) -> io::Result<Option<PodState>> {
             None
         }
     };
+    let daemon = match read_json(&dir.join(DAEMON_FILE)) {
+        Ok(d) => d,
+        Err(e) => {
+            unreadable.push(e.to_string());
+            None
+        }
+    };
     Ok(Some(PodState {
         namespace: name(dir.parent()),
         sandbox_id: name(Some(dir)),
         sandbox,
+        daemon,
         containers: read_dir_json(&dir.join("containers"), &mut unreadable),
         tasks: read_dir_json(&dir.join("tasks"), &mut unreadable),
         verdicts: read_dir_json(&dir.join("verdicts"), &mut unreadable),
@@ -366,6 +386,30 @@ mod tests {
             fs::metadata(&file).expect("meta").permissions().mode() & 0o777,
             0o600
         );
+        // Who serves the pod, with the configuration in force, for `kata-topo status`.
+        let me = ProcessId {
+            pid: 7,
+            start_time: 70,
+        };
+        let d = DaemonRecord {
+            wrapper: me,
+            delegate_address: "unix:///run/containerd/s/d".into(),
+            delegate: None,
+            config: Some("/etc/kata-containers/kt.toml".into()),
+            config_source: "ConfigPath".into(),
+        };
+        g.save_daemon(&d).expect("save daemon");
+        assert_eq!(g.daemon().expect("read"), Some(d.clone()));
+        let pod = read_pod(g.dir()).expect("read pod").expect("pod");
+        assert_eq!(pod.daemon, Some(d));
+        // A record from before the configuration was recorded still reads.
+        fs::write(
+            g.dir().join(DAEMON_FILE),
+            r#"{"wrapper":{"pid":7,"start_time":70},"delegate_address":"x","delegate":null}"#,
+        )
+        .expect("write");
+        let old = g.daemon().expect("read").expect("record");
+        assert_eq!((old.config, old.config_source.as_str()), (None, ""));
         // A second open (a restarted wrapper) sees the same state.
         let again = GroupState::open(&state_dir, "k8s.io", "sb1").expect("reopen");
         assert!(again.task("c1").expect("read").is_some());

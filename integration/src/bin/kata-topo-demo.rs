@@ -1,4 +1,4 @@
-//! `make demo`: a private containerd with the `kata-topo` runtime handler (delegating to runc),
+//! `make demo`: a private containerd (Debian's 1.6, or `KT_CONTAINERD_BIN`'s) with the `kata-topo` runtime handler (delegating to runc),
 //! a simulated two-node host whose nodes are this machine's CPUs 0 and 1 with a GPU passed
 //! through with VFIO on node 1, a pod run through CRI — and what an operator sees when in-place
 //! updates move it across NUMA nodes.
@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use kata_topo_integration::{bin_dir, workspace, Containerd, Guard, Res};
+use kata_topo_integration::{bin_dir, workspace, Containerd, ContainerdBin, Guard, Res};
 
 fn step(title: &str) {
     println!("\n\x1b[1m== {title}\x1b[0m");
@@ -25,10 +25,21 @@ fn show_findings(c: &Containerd, seen: &mut usize) {
 
 fn main() {
     let c = Containerd::start(Guard::default());
-    let events = c.events();
+    let bins = ContainerdBin::get();
+    // containerd 2.3's `ctr events` cannot print kata-topo's StringValue payload: on 2.x the
+    // operator reads the events with `kata-topo events`.
+    let reader = if bins.is_v2() {
+        "kata-topo events"
+    } else {
+        "ctr events"
+    };
+    let events = c.operator_events();
     let mut seen = 0;
 
-    step("The node: containerd 1.6 with runtime handler kata-topo -> containerd-shim-kata-topo-v2 -> containerd-shim-runc-v2");
+    step(&format!(
+        "The node: containerd {} with runtime handler kata-topo -> containerd-shim-kata-topo-v2 -> containerd-shim-runc-v2",
+        bins.version_text
+    ));
     println!("{}", std::fs::read_to_string(&c.config).unwrap_or_default());
     let topo = Command::new(bin_dir().join("kata-topo"))
         .arg("topology")
@@ -53,6 +64,17 @@ fn main() {
         .start_container(&pod, &cfg, "trainer", &admitted, true)
         .expect("StartContainer");
     println!("container {id} runs on CPUs {}", cri.allowed_cpus(&id));
+    if let Some(started) = c
+        .log_lines()
+        .into_iter()
+        .find(|l| l["event"] == "daemon-started")
+    {
+        println!(
+            "the pod's wrapper runs with configuration {} (from {})",
+            started["config"].as_str().unwrap_or("none"),
+            started["config_source"].as_str().unwrap_or("-")
+        );
+    }
     show_findings(&c, &mut seen);
 
     step("In-place resize (KEP-1287): quota 1.5 CPUs, 512 MiB, same cpuset");
@@ -70,7 +92,7 @@ fn main() {
     println!("container {id} now runs on CPUs {}", cri.allowed_cpus(&id));
     show_findings(&c, &mut seen);
     if let Some(line) = events.wait_for("/kata-topo/mismatch", Duration::from_secs(5)) {
-        println!("ctr events: {line}");
+        println!("{reader}: {line}");
     }
 
     step("The reconcile loop pushes the same cpuset 10 s later: not announced again");

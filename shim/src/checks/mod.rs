@@ -13,12 +13,12 @@ mod specs;
 mod store;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kata_topo::check::{check_failed, failed_verdict};
-use kata_topo::config::Config;
+use kata_topo::config::{Config, ConfigSource, Resolved};
 use kata_topo::kata::KataConfig;
 use kata_topo::process::ProcessId;
 use kata_topo::request::ContainerKind;
@@ -102,6 +102,8 @@ pub(crate) struct Sinks {
 #[derive(Debug)]
 pub(crate) struct PodChecks {
     config: Config,
+    /// Where the configuration came from, for the daemon's record.
+    origin: (Option<PathBuf>, ConfigSource),
     kata: KataConfig,
     namespace: String,
     group: String,
@@ -120,12 +122,17 @@ impl PodChecks {
     /// The checks of pod `group`. Its state directory is created when it can be; when it
     /// cannot (a full or read-only disk), the daemon runs from memory and says so.
     pub(crate) fn new(
-        config: Config,
+        resolved: Resolved,
         kata: KataConfig,
         namespace: &str,
         group: &str,
         sinks: Sinks,
     ) -> Arc<Self> {
+        let Resolved {
+            config,
+            file,
+            source,
+        } = resolved;
         let files = GroupState::open(&config.state_dir, namespace, group).unwrap_or_else(|e| {
             slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
                 "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
@@ -137,6 +144,7 @@ impl PodChecks {
                 "error" => e.to_string());
         });
         let checks = Arc::new(Self {
+            origin: (file, source),
             host: HostCache::new(
                 config.topology_source(),
                 kata_topo::cache::TopologyCache::from_config(&config),
@@ -552,6 +560,8 @@ impl PodChecks {
             wrapper,
             delegate_address: delegate_address.to_string(),
             delegate: delegate_pid.and_then(|p| ProcessId::of(procfs, p)),
+            config: self.origin.0.clone(),
+            config_source: self.origin.1.as_str().to_string(),
         });
     }
 
@@ -574,7 +584,7 @@ impl PodChecks {
 
     /// Where the pod's state lives.
     #[cfg(test)]
-    pub(crate) fn state_dir(&self) -> std::path::PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.store.dir().to_path_buf()
     }
 }

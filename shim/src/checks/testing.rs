@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kata_topo::config::Config;
+use kata_topo::config::{Config, ConfigSource, Resolved};
 use kata_topo::kata::KataConfig;
 use kata_topo::simulate::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
@@ -50,7 +50,12 @@ pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod 
         metrics: Metrics::off(),
         drops,
     };
-    let checks = PodChecks::new(config, KataConfig::default(), "k8s.io", "sb1", sinks);
+    let resolved = Resolved {
+        config,
+        file: Some(dir.path().join("test.toml")),
+        source: ConfigSource::ConfigPath,
+    };
+    let checks = PodChecks::new(resolved, KataConfig::default(), "k8s.io", "sb1", sinks);
     if load {
         checks.refresh();
     }

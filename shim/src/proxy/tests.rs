@@ -82,6 +82,7 @@ fn update(cpus: &str) -> Vec<u8> {
             type_url: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into(),
             value: format!(r#"{{"cpu":{{"cpus":"{cpus}"}}}}"#).into_bytes(),
         }),
+        ..Default::default()
     }
     .encode_to_vec()
 }
