@@ -56,7 +56,7 @@ pub fn bin_dir() -> PathBuf {
 /// Fails loudly unless running as root with containerd installed.
 pub fn require_root() {
     assert!(
-        nix_geteuid() == 0,
+        rustix::process::geteuid().is_root(),
         "the integration tests start containerd and need root (CI runs them as root)"
     );
     let bins = ContainerdBin::get();
@@ -166,19 +166,6 @@ fn parse_containerd_version(text: &str) -> Option<(u32, u32, u32)> {
         let patch = parts.next()?.parse().ok()?;
         word.contains('.').then_some((major, minor, patch))
     })
-}
-
-fn nix_geteuid() -> u32 {
-    // /proc/self/status: "Uid: real effective saved fs".
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
-        })
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(u32::MAX)
 }
 
 /// The pause and busybox image archives, built once per test process.

@@ -221,7 +221,7 @@ fn within<T: Send + 'static>(
 fn a_log_nobody_reads_never_stalls_an_update() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let fifo = tmp.path().join("kata-topo.log");
-    nix_mkfifo(&fifo);
+    mkfifo(&fifo);
     // Held open for reading and never read.
     let _held = std::fs::OpenOptions::new()
         .read(true)
@@ -255,7 +255,7 @@ fn a_log_nobody_reads_never_stalls_an_update() {
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
 
-fn nix_mkfifo(path: &std::path::Path) {
+fn mkfifo(path: &std::path::Path) {
     let ok = std::process::Command::new("mkfifo")
         .arg(path)
         .status()
@@ -490,6 +490,13 @@ fn a_start_that_fails_after_the_delegate_started_leaves_nothing() {
             "60",
         ]);
         assert!(!out.status.success(), "{fault}: start must fail");
+        if fault == "daemon-dies" {
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                said.contains("the wrapper daemon did not start"),
+                "containerd passes on why: {said}"
+            );
+        }
         let _ = c.ctr(&["container", "delete", "doomed"]);
         assert_eq!(
             c.wait_clean(Duration::from_secs(15)),
@@ -497,4 +504,22 @@ fn a_start_that_fails_after_the_delegate_started_leaves_nothing() {
             "{fault}"
         );
     }
+}
+
+/// A wrapper daemon whose set-up fails says why on its standard error, which `start` reads
+/// and passes on to containerd (the daemon points it at /dev/null once it serves).
+#[test]
+fn a_daemon_that_cannot_set_up_says_why() {
+    let out = std::process::Command::new(
+        kata_topo_integration::bin_dir().join("containerd-shim-kata-topo-v2"),
+    )
+    .args(["-namespace", "default", "-id", "t1", "kata-topo-daemon"])
+    .stdin(std::process::Stdio::null())
+    .output()
+    .expect("run the daemon");
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "wrapper daemon: no listening socket (-listen-fd)\n"
+    );
 }

@@ -19,7 +19,7 @@ use slog::Logger;
 use crate::checks::PodChecks;
 use crate::proxy::proxy;
 use crate::ttrpc::{
-    connect_until, socket_path, Client, ConnectRequest, ConnectResponse, TASK_V2, TASK_V3,
+    probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe, TASK_V2, TASK_V3,
 };
 
 /// Why the daemon stops.
@@ -153,12 +153,8 @@ fn watch_signals(tx: Sender<Exit>, on_hup: impl Fn() + Send + 'static) {
 /// Removes a socket file if nothing listens on it any more (a listener that is too busy to
 /// accept at once still counts as listening).
 pub(crate) fn remove_dead_socket(path: &Path) {
-    let deadline = Instant::now() + Duration::from_millis(50);
-    match connect_until(&path.to_string_lossy(), deadline) {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            let _ = std::fs::remove_file(path);
-        }
-        Ok(_) | Err(_) => {}
+    if probe(&path.to_string_lossy(), Duration::from_millis(50)) == Probe::Nothing {
+        let _ = std::fs::remove_file(path);
     }
 }
 

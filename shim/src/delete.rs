@@ -27,7 +27,7 @@ use crate::daemon::{remove_dead_socket, remove_socket_of_exiting, Delegate};
 use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
 use crate::ttrpc::{
-    socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest,
+    socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest, Probe,
     ShutdownRequest,
 };
 use kata_topo::config::Config;
@@ -100,11 +100,12 @@ impl<'a> Pod<'a> {
     fn wrapper_alive(&self, deadline: Instant) -> bool {
         match &self.record {
             Some(r) => r.wrapper.is_alive(self.procfs),
-            None => crate::ttrpc::connect_until(
-                socket_path(&self.info.address),
-                deadline.min(Instant::now() + Duration::from_millis(100)),
-            )
-            .is_ok(),
+            None => {
+                let within = deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100));
+                crate::ttrpc::probe(socket_path(&self.info.address), within) == Probe::Listening
+            }
         }
     }
 

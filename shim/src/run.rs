@@ -70,6 +70,22 @@ fn listener_from_fd(fd: i32) -> Option<UnixListener> {
 }
 
 /// Reads `ADDRESS\nVERSION\n` from stdin (sent by `start`).
+/// Says on standard error (which `start` reads when the daemon does not take its delegate)
+/// why the daemon's set-up failed. A write that fails is dropped: nothing may make it panic.
+fn say(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "wrapper daemon: {what}");
+}
+
+/// Once the daemon has its delegate, `start` is gone: standard error goes to /dev/null, so a
+/// late write never meets a pipe nobody reads.
+fn quiet_stderr() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
+    }
+}
+
 fn read_delegate() -> Option<Delegate> {
     use std::io::Read;
     let mut text = String::new();
@@ -84,6 +100,7 @@ fn daemon(args: &Args) -> ExitCode {
     // Our own session: containerd's process group and terminal signals are not ours.
     let _ = nix::unistd::setsid();
     let Some(listener) = args.listen_fd.and_then(listener_from_fd) else {
+        say("no listening socket (-listen-fd)");
         return ExitCode::FAILURE;
     };
     // From here on, every way out removes the socket.
@@ -98,8 +115,11 @@ fn daemon(args: &Args) -> ExitCode {
     let config = match config_file.as_deref().map(Config::from_file) {
         None => Config::default(),
         Some(Ok(c)) => c,
-        // `start` read the same file a moment ago; its error went to containerd already.
-        Some(Err(_)) => return ExitCode::FAILURE,
+        // `start` read the same file a moment ago: it changed since.
+        Some(Err(e)) => {
+            say(&e.to_string());
+            return ExitCode::FAILURE;
+        }
     };
     let drops = Drops::new();
     let log_handle = Log::open(&config.log_file, args.debug, drops.clone());
@@ -162,6 +182,7 @@ fn daemon(args: &Args) -> ExitCode {
         done(&log_handle);
         return ExitCode::FAILURE;
     };
+    quiet_stderr();
     checks.record_daemon(&delegate.address, None);
     slog::info!(log, "delegate started"; "event" => "delegate-started",
         "sandbox_id" => &args.group, "delegate" => socket_path(&delegate.address));

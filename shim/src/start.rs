@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -17,10 +17,10 @@ use sha2::{Digest, Sha256};
 use crate::args::Args;
 use crate::daemon::Delegate;
 use crate::state::GroupState;
-use crate::ttrpc::{socket_path, Client, ShutdownRequest};
-use kata_topo::config::{Config, Resolved};
+use crate::ttrpc::{probe, socket_path, Client, Probe, ShutdownRequest};
+use kata_topo::config::{Config, ConfigError, Resolved};
 use kata_topo::process::ProcessId;
-use kata_topo_proto::bootstrap::{Reply, StartParams, Stdin};
+use kata_topo_proto::bootstrap::{BootstrapError, Reply, StartParams, Stdin};
 
 /// The bundle file that tells `delete` (and a later `start`) who the delegate is.
 pub const BUNDLE_FILE: &str = "kata-topo.json";
@@ -100,6 +100,66 @@ pub fn group_of(bundle: &Path, task_id: &str) -> String {
         .unwrap_or_else(|| task_id.to_string())
 }
 
+/// Why `start` failed; containerd shows the message to the user.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("kata-topo: cannot read start options: {0}")]
+    Stdin(#[source] std::io::Error),
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "kata-topo: cannot run the delegate shim {shim:?} (topology_guard.delegate_shim): {source}"
+    )]
+    Delegate {
+        shim: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kata-topo: delegate start failed: {0}")]
+    DelegateWait(#[source] std::io::Error),
+    #[error("kata-topo: cannot create {}: {source}", .dir.display())]
+    SocketDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kata-topo: cannot listen on {}: {source}", .path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kata-topo: cannot pass the listener: {0}")]
+    PassListener(#[source] nix::Error),
+    #[error("kata-topo: cannot start the wrapper daemon: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("kata-topo: the wrapper daemon did not start: {source}{}", said(.stderr))]
+    DaemonGone {
+        #[source]
+        source: std::io::Error,
+        /// What the daemon wrote to its standard error before it exited.
+        stderr: String,
+    },
+    #[error(
+        "kata-topo: the delegate answered {answered}, but this pod's wrapper forwards to {known}"
+    )]
+    OtherDelegate { answered: String, known: String },
+    #[error("kata-topo: cannot write the bundle's address: {0}")]
+    Bundle(#[source] std::io::Error),
+}
+
+/// `: <what the daemon said>`, when it said anything.
+fn said(stderr: &str) -> String {
+    let text = kata_topo::text::printable(stderr.trim());
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(" (it said: {text})")
+    }
+}
+
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     // containerd shows start's output to the user when start fails.
     eprintln!("{message}");
@@ -110,18 +170,18 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 pub fn run(args: &Args) -> ExitCode {
     let mut stdin = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
-        return fail(format!("kata-topo: cannot read start options: {e}"));
+        return fail(StartError::Stdin(e));
     }
     // The bootstrap (containerd 2.3+), else the legacy options, flags and environment.
     let params = match Stdin::decode(&stdin).and_then(|input| {
         StartParams::resolve(&input, &args.flags(), std::env::var("TTRPC_ADDRESS").ok())
     }) {
         Ok(p) => p,
-        Err(e) => return fail(e),
+        Err(e) => return fail(StartError::from(e)),
     };
     let resolved = match Config::resolve(params.config_path.as_deref()) {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(e) => return fail(StartError::from(e)),
     };
     let config = &resolved.config;
     // The delegate's start first, with our argv, environment, cwd and stdin: containerd waits
@@ -134,11 +194,11 @@ pub fn run(args: &Args) -> ExitCode {
         .spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) => {
-            return fail(format!(
-                "kata-topo: cannot run the delegate shim {:?} (topology_guard.delegate_shim): {e}",
-                config.delegate_shim
-            ))
+        Err(source) => {
+            return fail(StartError::Delegate {
+                shim: config.delegate_shim.clone(),
+                source,
+            })
         }
     };
     if let Some(mut pipe) = child.stdin.take() {
@@ -161,7 +221,7 @@ pub fn run(args: &Args) -> ExitCode {
 
     let output = match child.wait_with_output() {
         Ok(o) => o,
-        Err(e) => return fail(format!("kata-topo: delegate start failed: {e}")),
+        Err(e) => return fail(StartError::DelegateWait(e)),
     };
     if !output.status.success() {
         // Dropping `daemon` closes its stdin: a new daemon exits and removes its socket.
@@ -222,13 +282,12 @@ fn finish(
     daemon: Daemon,
     undo: &mut Undo,
     mut info: BundleInfo,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, StartError> {
     if let Daemon::Starting { socket, child, .. } = &daemon {
         let state = GroupState::at(&info.state_dir, &info.namespace, &info.group);
         undo.started = Some((socket.clone(), child.id(), state));
     }
-    let (reply, delegate_address, version) =
-        Reply::parse(delegate_reply).map_err(|e| e.to_string())?;
+    let (reply, delegate_address, version) = Reply::parse(delegate_reply)?;
     undo.delegate = Some(Delegate::new(delegate_address.clone(), version));
     daemon.hand_over(&delegate_address, version)?;
     info.delegate_address = delegate_address;
@@ -240,7 +299,7 @@ fn finish(
                 serde_json::to_vec(&info).unwrap_or_default(),
             )
         })
-        .map_err(|e| format!("kata-topo: cannot write the bundle's address: {e}"))?;
+        .map_err(StartError::Bundle)?;
     Ok(reply.encode(&info.address))
 }
 
@@ -311,7 +370,7 @@ enum Daemon {
 
 impl Daemon {
     /// Tells a new daemon where the delegate is; checks a running one forwards there.
-    fn hand_over(self, delegate_address: &str, version: u32) -> Result<(), String> {
+    fn hand_over(self, delegate_address: &str, version: u32) -> Result<(), StartError> {
         match self {
             Self::Running { state } => {
                 let known = state
@@ -321,17 +380,47 @@ impl Daemon {
                     .map(|r| r.delegate_address)
                     .unwrap_or_default();
                 if !known.is_empty() && known != delegate_address {
-                    return Err(format!(
-                        "kata-topo: the delegate answered {delegate_address}, but this pod's wrapper forwards to {known}"
-                    ));
+                    return Err(StartError::OtherDelegate {
+                        answered: delegate_address.to_string(),
+                        known,
+                    });
                 }
                 Ok(())
             }
-            Self::Starting { mut stdin, .. } => stdin
+            Self::Starting {
+                mut stdin,
+                mut child,
+                ..
+            } => stdin
                 .write_all(format!("{delegate_address}\n{version}\n").as_bytes())
-                .map_err(|e| format!("kata-topo: the wrapper daemon did not start: {e}")),
+                .map_err(|source| StartError::DaemonGone {
+                    source,
+                    stderr: last_words(&mut child),
+                }),
         }
     }
+}
+
+/// What a daemon that exited during its set-up wrote to its standard error: waits for its exit
+/// (at most a second), then reads at most 4 KiB without blocking.
+fn last_words(child: &mut std::process::Child) -> String {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let Some(stderr) = child.stderr.take() else {
+        return String::new();
+    };
+    let nonblocking = nix::fcntl::fcntl(
+        stderr.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    if nonblocking.is_err() {
+        return String::new();
+    }
+    let mut text = Vec::new();
+    let _ = stderr.take(4096).read_to_end(&mut text);
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 /// Reuses the pod's running daemon, or starts one on a freshly bound socket.
@@ -340,13 +429,16 @@ fn ensure_daemon(
     resolved: &Resolved,
     group: &str,
     address: &str,
-) -> Result<Daemon, String> {
+) -> Result<Daemon, StartError> {
     let config = &resolved.config;
     let path = Path::new(socket_path(address));
     // The daemon creates the pod's state; a running one has written its record there.
     let state = GroupState::at(&config.state_dir, &params.namespace, group);
-    if UnixStream::connect(path).is_ok() {
-        return Ok(Daemon::Running { state });
+    // A daemon too busy to accept at once is still the pod's daemon: only a socket nothing
+    // listens on is replaced.
+    match probe(&path.to_string_lossy(), Duration::from_millis(200)) {
+        Probe::Listening | Probe::Unknown => return Ok(Daemon::Running { state }),
+        Probe::Nothing => {}
     }
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
@@ -354,18 +446,23 @@ fn ensure_daemon(
             .recursive(true)
             .mode(0o711)
             .create(dir)
-            .map_err(|e| format!("kata-topo: cannot create {}: {e}", dir.display()))?;
+            .map_err(|source| StartError::SocketDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
     }
-    let listener = UnixListener::bind(path)
-        .map_err(|e| format!("kata-topo: cannot listen on {}: {e}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(|source| StartError::Listen {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
     // The daemon inherits the listener as a plain fd.
     nix::fcntl::fcntl(
         listener.as_raw_fd(),
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )
-    .map_err(|e| format!("kata-topo: cannot pass the listener: {e}"))?;
-    let exe = std::env::current_exe().map_err(|e| format!("kata-topo: cannot find itself: {e}"))?;
+    .map_err(StartError::PassListener)?;
+    let exe = std::env::current_exe().map_err(StartError::Spawn)?;
     let mut cmd = Command::new(exe);
     cmd.arg("-namespace")
         .arg(&params.namespace)
@@ -401,14 +498,13 @@ fn ensure_daemon(
         .current_dir("/")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("kata-topo: cannot start the wrapper daemon: {e}"))?;
-    let stdin = child
-        .stdin
-        .take()
-        .ok_or_else(|| "kata-topo: the wrapper daemon has no stdin".to_string())?;
+        // Until it has its delegate: a daemon that fails to set up says why here, and `start`
+        // passes it on to containerd. Then it points its standard error at /dev/null.
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(StartError::Spawn)?;
+    let stdin = child.stdin.take().ok_or_else(|| {
+        StartError::Spawn(std::io::Error::other("the wrapper daemon has no stdin"))
+    })?;
     Ok(Daemon::Starting {
         stdin,
         socket: path.to_path_buf(),
@@ -439,6 +535,48 @@ mod tests {
         let elsewhere = socket_address(Path::new("/run/k/s"), containerd, "k8s.io", "sb1");
         assert!(elsewhere.starts_with("unix:///run/k/s/"), "{elsewhere}");
         assert!(socket_path(&ours).len() < 108, "fits sun_path");
+    }
+
+    #[test]
+    fn a_daemon_that_dies_during_set_up_is_heard() {
+        // A daemon that writes why it failed and exits: the hand-over fails, and the error
+        // carries its words, made printable.
+        let mut child = Command::new("sh")
+            .args(["-c", "printf 'no listening socket\\033[2J\\n' >&2; exit 1"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let stdin = child.stdin.take().expect("stdin");
+        let _ = child.wait();
+        let daemon = Daemon::Starting {
+            stdin,
+            socket: PathBuf::from("/nonexistent"),
+            child,
+        };
+        let e = daemon
+            .hand_over("unix:///run/d", 3)
+            .expect_err("nobody reads");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("kata-topo: the wrapper daemon did not start: "),
+            "{text}"
+        );
+        assert!(text.contains("(it said: no listening socket"), "{text}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "escape sequences are not passed on: {text:?}"
+        );
+
+        // One that lives and keeps its stderr open is not waited on for ever.
+        let mut quiet = Command::new("sleep")
+            .arg("30")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sleep");
+        assert_eq!(last_words(&mut quiet), "");
+        let _ = quiet.kill();
+        let _ = quiet.wait();
     }
 
     #[test]

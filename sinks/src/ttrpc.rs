@@ -214,6 +214,31 @@ pub fn connect_until(path: &str, deadline: Instant) -> io::Result<UnixStream> {
     Ok(stream)
 }
 
+/// What is behind a unix socket path, as a connect within a time limit tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// A listener accepted.
+    Listening,
+    /// Nothing listens: the connect was refused, or there is no such file.
+    Nothing,
+    /// Undecided: a listener too busy to accept in time (its backlog full), or another error
+    /// (not a socket, no permission). Never treated as "nothing listens".
+    Unknown,
+}
+
+/// Whether something listens on the unix socket at `path`, asking for at most `within`. The
+/// one liveness probe of a socket: `start` (is the pod's daemon there?), `delete` (did the
+/// wrapper crash?) and the clean-up of dead sockets use it.
+pub fn probe(path: &str, within: Duration) -> Probe {
+    match connect_until(path, Instant::now() + within) {
+        Ok(_) => Probe::Listening,
+        Err(e) => match e.kind() {
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => Probe::Nothing,
+            _ => Probe::Unknown,
+        },
+    }
+}
+
 /// The time left until `deadline`, or `TimedOut`.
 fn remaining(deadline: Instant) -> io::Result<Duration> {
     deadline
@@ -313,6 +338,44 @@ mod tests {
         let mut huge = bytes.clone();
         huge[..4].copy_from_slice(&((MAX_FRAME as u32) + 1).to_be_bytes());
         assert!(Frame::read(&mut huge.as_slice()).is_err());
+    }
+
+    #[test]
+    fn a_probe_tells_listening_from_nothing_and_never_waits_on_a_full_backlog() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let p = path.to_str().expect("utf-8");
+        assert_eq!(
+            probe(p, Duration::from_millis(50)),
+            Probe::Nothing,
+            "no file"
+        );
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        assert_eq!(probe(p, Duration::from_millis(50)), Probe::Listening);
+        // A listener that never accepts: its backlog fills, then connects would block.
+        let mut held = Vec::new();
+        let filled = (0..4096).any(|_| match connect_until(p, Instant::now()) {
+            Ok(s) => {
+                held.push(s);
+                false
+            }
+            Err(_) => true,
+        });
+        assert!(filled, "the backlog filled");
+        assert_eq!(probe(p, Duration::from_millis(100)), Probe::Unknown, "busy");
+        drop((held, listener));
+        assert_eq!(
+            probe(p, Duration::from_millis(50)),
+            Probe::Nothing,
+            "refused"
+        );
+        std::fs::write(dir.path().join("f"), b"").expect("file");
+        let f = dir.path().join("f");
+        assert_eq!(
+            probe(f.to_str().expect("utf-8"), Duration::from_millis(50)),
+            Probe::Nothing,
+            "a plain file refuses connections"
+        );
     }
 
     #[test]
