@@ -1,0 +1,3 @@
+//! The subcommands, one module each: its arguments and the function that runs it.
+
+pub(crate) mod events;
