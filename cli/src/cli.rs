@@ -24,8 +24,8 @@ use kata_topo::{
 };
 use serde::Serialize;
 
-use crate::commands::{events, vm};
-use crate::out::{self, outln, StdoutGone};
+use crate::commands::{events, status, vm};
+use crate::out::{self, StdoutGone};
 
 /// The largest baseline accepted (one is a few hundred bytes).
 const MAX_BASELINE_BYTES: u64 = 1024 * 1024;
@@ -51,22 +51,12 @@ enum Command {
     Check(CheckArgs),
     /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
     /// 1 findings, 2 unreadable state (a node-problem-detector custom plugin).
-    Status(StatusArgs),
+    Status(status::StatusArgs),
     /// Follow kata-topo's events (`/kata-topo/*`) from containerd until interrupted.
     Events(events::EventsArgs),
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.
     Vm(vm::VmArgs),
-}
-
-#[derive(Debug, Args)]
-struct StatusArgs {
-    /// The wrappers' state directory (`state_dir` in [topology_guard]).
-    #[arg(long, value_name = "DIR", default_value = "/run/kata-topo")]
-    state_dir: PathBuf,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Where the host description comes from.
@@ -166,7 +156,7 @@ pub fn run() -> ExitCode {
         Command::Topology(args) => topology(&args),
         Command::Check(args) => check(&args),
         Command::Vm(args) => vm::vm(&args),
-        Command::Status(args) => status(&args),
+        Command::Status(args) => status::status(&args),
         Command::Events(args) => events::events(&args),
     };
     match result {
@@ -430,83 +420,4 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
-}
-
-fn status(args: &StatusArgs) -> Result<ExitCode> {
-    let pods = kata_topo::state::list(&args.state_dir)
-        .with_context(|| format!("cannot read state directory {}", args.state_dir.display()))?;
-    let findings: usize = pods
-        .iter()
-        .flat_map(|p| &p.verdicts)
-        .map(|(_, v)| v.findings.len())
-        .sum();
-    let unreadable: usize = pods.iter().map(|p| p.unreadable.len()).sum();
-    if args.json {
-        out::json(&serde_json::to_string_pretty(&serde_json::json!({
-            "sandboxes": pods, "findings": findings, "unreadable": unreadable
-        }))?)?;
-    } else {
-        if pods.is_empty() {
-            outln!(
-                "no sandbox watched (state directory {})",
-                args.state_dir.display()
-            );
-        }
-        for p in &pods {
-            let pod = p
-                .verdicts
-                .iter()
-                .map(|(_, v)| &v.pod)
-                .find(|pod| pod.name.is_some())
-                .map(|pod| {
-                    format!(
-                        " pod {}/{}",
-                        pod.namespace.as_deref().unwrap_or("-"),
-                        pod.name.as_deref().unwrap_or("-")
-                    )
-                })
-                .unwrap_or_default();
-            outln!(
-                "sandbox {} ({}){pod}: {} container baseline(s), {} task(s)",
-                p.sandbox_id,
-                p.namespace,
-                p.containers.len(),
-                p.tasks.len()
-            );
-            for (name, b) in &p.containers {
-                outln!(
-                    "  baseline {name}: cpus {} on node {}, {} VFIO device(s)",
-                    b.cpus.as_ref().map_or("-".to_string(), ToString::to_string),
-                    if b.cpu_nodes.is_empty() {
-                        "-".to_string()
-                    } else {
-                        b.cpu_nodes.to_string()
-                    },
-                    b.devices.len()
-                );
-            }
-            for (task, v) in &p.verdicts {
-                for f in &v.findings {
-                    outln!(
-                        "  {task} {} {} {}: {}",
-                        v.operation,
-                        f.severity,
-                        f.rule,
-                        f.message
-                    );
-                }
-            }
-            for u in &p.unreadable {
-                outln!("  unreadable: {u}");
-            }
-        }
-        outln!("{findings} finding(s)");
-    }
-    Ok(ExitCode::from(if unreadable > 0 {
-        2
-    } else if findings > 0 {
-        1
-    } else {
-        0
-    }))
 }
