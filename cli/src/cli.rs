@@ -13,18 +13,15 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kata_topo::fsutil;
-use kata_topo::host::Locality;
 use kata_topo::kata::KataConfig;
 use kata_topo::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo::text::printable;
 use kata_topo::vm::VmView;
 use kata_topo::{
-    Baseline, Checker, ContainerSpec, Defaults, Host, Mode, Overrides, Policy, Request, Resources,
-    Sysfs, TopologySource,
+    Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, Policy, Request, Resources,
 };
-use serde::Serialize;
 
-use crate::commands::{events, status, vm};
+use crate::commands::{events, status, topology, vm, HostArgs};
 use crate::out::{self, StdoutGone};
 
 /// The largest baseline accepted (one is a few hundred bytes).
@@ -46,7 +43,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the host's NUMA nodes and PCI devices with their locality and VFIO group.
-    Topology(TopologyArgs),
+    Topology(topology::TopologyArgs),
     /// Check one request (a create, a recreate or an update) and print the verdict.
     Check(CheckArgs),
     /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
@@ -57,48 +54,6 @@ enum Command {
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.
     Vm(vm::VmArgs),
-}
-
-/// Where the host description comes from.
-#[derive(Debug, Args)]
-struct HostArgs {
-    /// An hwloc XML export to use instead of the live machine.
-    #[arg(long, value_name = "FILE.xml")]
-    topology: Option<PathBuf>,
-    /// The sysfs root for VFIO groups and device locality. Default: /sys for the live
-    /// machine; none with --topology (an XML describes another machine).
-    #[arg(long, value_name = "ROOT")]
-    sysfs: Option<PathBuf>,
-}
-
-impl HostArgs {
-    fn load(&self) -> Result<(Host, Option<Sysfs>)> {
-        let source = match &self.topology {
-            Some(path) => TopologySource::Xml(path.clone()),
-            None => TopologySource::Live,
-        };
-        let host = Host::load(&source)?;
-        let sysfs = match (&self.sysfs, &self.topology) {
-            (Some(root), _) => {
-                if !root.is_dir() {
-                    anyhow::bail!("sysfs root {} is not a directory", root.display());
-                }
-                Some(Sysfs::new(root))
-            }
-            (None, None) => Some(Sysfs::new("/sys")),
-            (None, Some(_)) => None,
-        };
-        Ok((host, sysfs))
-    }
-}
-
-#[derive(Debug, Args)]
-struct TopologyArgs {
-    #[command(flatten)]
-    host: HostArgs,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -153,7 +108,7 @@ pub fn run() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Topology(args) => topology(&args),
+        Command::Topology(args) => topology::topology(&args),
         Command::Check(args) => check(&args),
         Command::Vm(args) => vm::vm(&args),
         Command::Status(args) => status::status(&args),
@@ -177,151 +132,6 @@ pub fn run() -> ExitCode {
 /// The error and its causes on one line, escaped (a cause may quote a file's content).
 fn one_line(e: &anyhow::Error) -> String {
     printable(&format!("{e:#}")).into_owned()
-}
-
-#[derive(Serialize)]
-struct TopologyView {
-    source: String,
-    fingerprint: String,
-    online_cpus: String,
-    offline_cpus: String,
-    numa_nodes: Vec<NodeView>,
-    pci_devices: Vec<PciView>,
-}
-
-#[derive(Serialize)]
-struct NodeView {
-    os_index: u32,
-    cpus: String,
-    local_cpus: String,
-    memory_bytes: u64,
-    cpuless: bool,
-    subtype: Option<String>,
-}
-
-#[derive(Serialize)]
-struct PciView {
-    bus_id: String,
-    class_id: String,
-    vendor_id: String,
-    device_id: String,
-    numa_nodes: Option<Vec<u32>>,
-    locality_unknown_reason: Option<String>,
-    driver: Option<String>,
-    vfio_group: Option<String>,
-}
-
-fn topology(args: &TopologyArgs) -> Result<ExitCode> {
-    let (host, sysfs) = args.host.load()?;
-    let mut pci_devices = Vec::new();
-    for dev in &host.pci {
-        let state = match &sysfs {
-            Some(s) => s
-                .device(dev.bus_id)
-                .with_context(|| format!("reading sysfs for {}", dev.bus_id))?,
-            None => None,
-        };
-        let locality = host.device_locality(dev.bus_id, state.as_ref());
-        let (numa_nodes, reason) = match locality {
-            Locality::Nodes(n) => (Some(n.to_vec()), None),
-            Locality::Unknown(why) => (None, Some(why)),
-        };
-        let vfio_group = state
-            .as_ref()
-            .filter(|s| s.bound_to_vfio())
-            .and_then(|s| s.iommu_group.clone());
-        pci_devices.push(PciView {
-            bus_id: dev.bus_id.to_string(),
-            class_id: format!("{:04x}", dev.class_id),
-            vendor_id: format!("{:04x}", dev.vendor_id),
-            device_id: format!("{:04x}", dev.device_id),
-            numa_nodes,
-            locality_unknown_reason: reason,
-            driver: state.and_then(|s| s.driver),
-            vfio_group,
-        });
-    }
-    let view = TopologyView {
-        source: host.source_name.clone(),
-        fingerprint: host.fingerprint().to_string(),
-        online_cpus: host.online_cpus.to_string(),
-        offline_cpus: host.all_cpus.difference(&host.online_cpus).to_string(),
-        numa_nodes: host
-            .nodes
-            .iter()
-            .map(|n| NodeView {
-                os_index: n.os_index,
-                cpus: n.cpus.to_string(),
-                local_cpus: n.local_cpus.to_string(),
-                memory_bytes: n.memory_bytes,
-                cpuless: n.cpus.is_empty(),
-                subtype: n.subtype.clone(),
-            })
-            .collect(),
-        pci_devices,
-    };
-    if args.json {
-        out::json(&serde_json::to_string_pretty(&view)?)?;
-    } else {
-        out::lines(&human_topology(&view))?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn human_topology(view: &TopologyView) -> String {
-    let mut out = format!(
-        "host: {} (fingerprint {})\nonline CPUs: {}",
-        printable(&view.source),
-        view.fingerprint,
-        view.online_cpus
-    );
-    if !view.offline_cpus.is_empty() {
-        out.push_str(&format!("  offline: {}", view.offline_cpus));
-    }
-    out.push_str("\nNUMA nodes:\n");
-    for n in &view.numa_nodes {
-        let cpus = if n.cpuless {
-            format!("no CPUs (local to {})", n.local_cpus)
-        } else {
-            format!("CPUs {}", n.cpus)
-        };
-        out.push_str(&format!(
-            "  node {:<3} {:<40} {:>10} MiB{}\n",
-            n.os_index,
-            cpus,
-            n.memory_bytes >> 20,
-            n.subtype
-                .as_deref()
-                .map(|s| format!("  [{}]", printable(s)))
-                .unwrap_or_default()
-        ));
-    }
-    out.push_str(&format!("PCI devices: {}\n", view.pci_devices.len()));
-    for d in &view.pci_devices {
-        let nodes = match &d.numa_nodes {
-            Some(n) => format!(
-                "node {}",
-                n.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            None => "node unknown".to_string(),
-        };
-        out.push_str(&format!(
-            "  {}  class {} {}:{}  {:<14}{}\n",
-            d.bus_id,
-            d.class_id,
-            d.vendor_id,
-            d.device_id,
-            nodes,
-            d.vfio_group
-                .as_deref()
-                .map(|g| format!("  vfio group {}", printable(g)))
-                .unwrap_or_default()
-        ));
-    }
-    out
 }
 
 /// `-`: standard input.
