@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 mod cli;
+mod commands;
 mod out;
 
 fn main() -> ExitCode {

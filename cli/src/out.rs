@@ -14,7 +14,7 @@ use kata_topo::text::printable;
 
 /// Standard output could not be written (a closed pipe, a full disk).
 #[derive(Debug)]
-pub struct StdoutGone(pub io::Error);
+pub(crate) struct StdoutGone(pub(crate) io::Error);
 
 impl fmt::Display for StdoutGone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -26,7 +26,7 @@ impl std::error::Error for StdoutGone {}
 
 impl StdoutGone {
     /// Whether the reader went away (`kata-topo status | head -1`): nothing worth saying.
-    pub fn is_closed_pipe(&self) -> bool {
+    pub(crate) fn is_closed_pipe(&self) -> bool {
         self.0.kind() == io::ErrorKind::BrokenPipe
     }
 }
@@ -40,19 +40,19 @@ fn write_raw(text: &str) -> Result<(), StdoutGone> {
 }
 
 /// One JSON document and a newline.
-pub fn json(text: &str) -> Result<(), StdoutGone> {
+pub(crate) fn json(text: &str) -> Result<(), StdoutGone> {
     write_raw(&format!("{text}\n"))
 }
 
 /// One line for people: the whole of `line` is escaped, newlines in it included, so it stays
 /// one line whatever its values hold.
-pub fn line(line: &str) -> Result<(), StdoutGone> {
+pub(crate) fn line(line: &str) -> Result<(), StdoutGone> {
     write_raw(&format!("{}\n", printable(line)))
 }
 
 /// Several lines for people, whose newlines the caller placed (values inside must be escaped
 /// already, as [`kata_topo::Verdict::human`] does); each line is escaped again on its own.
-pub fn lines(text: &str) -> Result<(), StdoutGone> {
+pub(crate) fn lines(text: &str) -> Result<(), StdoutGone> {
     if text.is_empty() {
         return Ok(());
     }

@@ -1,0 +1,157 @@
+//! `kata-topo check`: checks one request (a create, a recreate or an update) on the host and
+//! prints the verdict, for people or as JSON; exit 1 when it has an `error` finding. Its
+//! inputs are read bounded, at most one of them from standard input.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kata_topo::fsutil;
+use kata_topo::kata::KataConfig;
+use kata_topo::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
+use kata_topo::vm::VmView;
+use kata_topo::{
+    Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, Policy, Request, Resources,
+};
+
+use crate::commands::HostArgs;
+use crate::out;
+
+/// The largest baseline accepted (one is a few hundred bytes).
+const MAX_BASELINE_BYTES: u64 = 1024 * 1024;
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// The container's OCI spec (a bundle's config.json).
+    #[arg(long, value_name = "CONFIG.json")]
+    spec: PathBuf,
+    /// An OCI LinuxResources JSON: check an update of the container instead of its create.
+    #[arg(long, value_name = "RESOURCES.json")]
+    update: Option<PathBuf>,
+    /// The container's baseline: a create becomes a recreate, and updates are held to it.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Write the baseline a first create of this spec records.
+    #[arg(long, value_name = "OUT.json")]
+    record_baseline: Option<PathBuf>,
+    #[command(flatten)]
+    host: HostArgs,
+    /// The policy, over the pod's annotation and the default (restricted).
+    #[arg(long, value_name = "P")]
+    policy: Option<Policy>,
+    /// The mode, over the pod's annotation and the default (audit).
+    #[arg(long, value_name = "M")]
+    mode: Option<Mode>,
+    /// Kata's configuration file (its `config.d/` drop-ins are read too): enables
+    /// `vcpu-pinning-lost` and `guest-numa-uncovered`.
+    #[arg(long, value_name = "FILE")]
+    kata_config: Option<PathBuf>,
+    /// The running VMM's pid: enables `vcpu-affinity-drift` and `vcpu-overlap`.
+    #[arg(long, value_name = "PID")]
+    vm_pid: Option<u32>,
+    /// The procfs root for --vm-pid.
+    #[arg(long, value_name = "ROOT", default_value = "/proc")]
+    procfs: PathBuf,
+    /// Print the verdict as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `-`: standard input.
+fn is_stdin(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Reads one input whole: standard input for `-`, else a regular file; at most `limit` bytes.
+fn read_input(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    if is_stdin(path) {
+        fsutil::read_to_limit(std::io::stdin().lock(), limit)
+            .with_context(|| format!("cannot read {what} from standard input"))
+    } else {
+        fsutil::read_bounded(path, limit)
+            .with_context(|| format!("cannot read {what} {}", path.display()))
+    }
+}
+
+fn input_name(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    }
+}
+
+fn spec_error(e: RequestError, path: &Path) -> anyhow::Error {
+    anyhow::Error::new(e).context(format!("in {}", input_name(path)))
+}
+
+pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
+    let from_stdin = [
+        Some(&args.spec),
+        args.update.as_ref(),
+        args.baseline.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|p| is_stdin(p))
+    .count();
+    if from_stdin > 1 {
+        anyhow::bail!("only one of --spec, --update and --baseline can be `-` (standard input)");
+    }
+    let spec = ContainerSpec::from_json(&read_input(&args.spec, MAX_SPEC_BYTES, "OCI spec")?)
+        .map_err(|e| spec_error(e, &args.spec))?;
+    let update = match &args.update {
+        Some(path) => Some(
+            Resources::from_json(&read_input(path, MAX_RESOURCES_BYTES, "LinuxResources")?)
+                .map_err(|e| spec_error(e, path))?,
+        ),
+        None => None,
+    };
+    let baseline: Option<Baseline> = match &args.baseline {
+        Some(path) => Some(
+            serde_json::from_slice(&read_input(path, MAX_BASELINE_BYTES, "baseline")?)
+                .with_context(|| format!("baseline {} is not valid", input_name(path)))?,
+        ),
+        None => None,
+    };
+    let kata = match &args.kata_config {
+        Some(path) => Some(KataConfig::load(path)?.with_annotations(&spec.annotations)),
+        None => None,
+    };
+    let view = match args.vm_pid {
+        Some(pid) => Some(VmView::read(&args.procfs, pid)?),
+        None => None,
+    };
+    let (host, sysfs) = args.host.load()?;
+    let checker = Checker::new(&host, sysfs.as_ref(), Defaults::default());
+    if let Some(out) = &args.record_baseline {
+        let recorded = checker.record_baseline(&spec);
+        let text = serde_json::to_string_pretty(&recorded)?;
+        std::fs::write(out, text + "\n")
+            .with_context(|| format!("cannot write baseline {}", out.display()))?;
+    }
+    let verdict = checker.check(&Request {
+        spec: &spec,
+        update: update.as_ref(),
+        current: None,
+        baseline: baseline.as_ref(),
+        container_id: None,
+        overrides: Overrides {
+            policy: args.policy,
+            mode: args.mode,
+        },
+        kata: kata.as_ref(),
+        vm: view.as_ref(),
+    });
+    if args.json {
+        out::json(&serde_json::to_string_pretty(&verdict)?)?;
+    } else {
+        out::lines(&verdict.human())?;
+    }
+    Ok(if verdict.has_error() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
