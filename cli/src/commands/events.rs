@@ -27,13 +27,6 @@ pub(crate) struct EventsArgs {
     json: bool,
 }
 
-/// `google.protobuf.StringValue`, the payload of kata-topo's events.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StringValue {
-    #[prost(string, tag = "1")]
-    value: String,
-}
-
 pub(crate) fn events(args: &EventsArgs) -> Result<ExitCode> {
     use containerd_client::services::v1::events_client::EventsClient;
     use containerd_client::services::v1::SubscribeRequest;
@@ -68,8 +61,8 @@ pub(crate) fn events(args: &EventsArgs) -> Result<ExitCode> {
             let payload = envelope
                 .event
                 .as_ref()
-                .and_then(|any| StringValue::decode(any.value.as_slice()).ok())
-                .map(|s| s.value)
+                // A google.protobuf.StringValue is prost's `String` message.
+                .and_then(|any| String::decode(any.value.as_slice()).ok())
                 .unwrap_or_default();
             if args.json {
                 out::json(&event_json(&envelope.namespace, &envelope.topic, &payload))?;

@@ -61,6 +61,19 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
                 p.containers.len(),
                 p.tasks.len()
             );
+            if let Some(d) = &p.daemon {
+                outln!(
+                    "  wrapper pid {}: configuration {} (from {}), delegate {}",
+                    d.wrapper.pid,
+                    d.config
+                        .as_ref()
+                        .map_or("none (built-in defaults)".to_string(), |c| c
+                            .display()
+                            .to_string()),
+                    d.config_source,
+                    d.delegate_address.trim_start_matches("unix://"),
+                );
+            }
             for (name, b) in &p.containers {
                 outln!(
                     "  baseline {name}: cpus {} on node {}, {} VFIO device(s)",
