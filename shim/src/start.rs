@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::args::Args;
 use crate::daemon::Delegate;
 use crate::state::GroupState;
-use crate::ttrpc::{probe, socket_path, Client, Probe, ShutdownRequest};
+use crate::ttrpc::{probe, socket_path, Client, Code, Probe, ShutdownRequest, TASK_V2, TASK_V3};
 use kata_topo::config::{Config, ConfigError, Resolved};
 use kata_topo::process::ProcessId;
 use kata_topo_proto::bootstrap::{BootstrapError, Reply, StartParams, Stdin};
@@ -321,21 +321,30 @@ impl Undo {
     /// the pod's state.
     fn run(self) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        let delegate = self
-            .delegate
-            .unwrap_or_else(|| Delegate::new(self.fallback_delegate, 2));
-        if let Ok(mut client) = Client::connect(&delegate.address, deadline) {
+        // A delegate whose reply was not understood did not say which task API it serves
+        // (containerd 2.x's shims serve only v3, 1.x's only v2): ask in both.
+        let (address, services) = match &self.delegate {
+            Some(d) => (d.address.as_str(), vec![d.service]),
+            None => (self.fallback_delegate.as_str(), vec![TASK_V3, TASK_V2]),
+        };
+        if let Ok(mut client) = Client::connect(address, deadline) {
             let shutdown = ShutdownRequest {
                 id: self.id.clone(),
                 now: false,
             };
-            let _ = client.call(
-                delegate.service,
-                "Shutdown",
-                shutdown.encode_to_vec(),
-                &self.namespace,
-                deadline,
-            );
+            for service in services {
+                let answered = client.call(
+                    service,
+                    "Shutdown",
+                    shutdown.encode_to_vec(),
+                    &self.namespace,
+                    deadline,
+                );
+                // Served (or the connection went with the delegate): no other service to try.
+                if !matches!(&answered, Ok(r) if r.code() == Code::Unimplemented as i32) {
+                    break;
+                }
+            }
         }
         let Some((socket, pid, state)) = self.started else {
             return;

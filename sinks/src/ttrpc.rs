@@ -38,6 +38,8 @@ pub enum Code {
     ResourceExhausted = 8,
     /// The system is not in a state that allows the request.
     FailedPrecondition = 9,
+    /// The server has no such service or method.
+    Unimplemented = 12,
     /// The delegate cannot be reached.
     Unavailable = 14,
 }
