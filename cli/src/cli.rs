@@ -7,8 +7,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kata_topo::text::printable;
-use kata_topo::VERSION;
+use kata_topo_core::text::printable;
+use kata_topo_core::VERSION;
 
 use crate::commands::{check, events, status, topology, vm};
 use crate::out::StdoutGone;

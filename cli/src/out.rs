@@ -10,7 +10,7 @@
 use std::fmt;
 use std::io::{self, Write};
 
-use kata_topo::text::printable;
+use kata_topo_core::text::printable;
 
 /// Standard output could not be written (a closed pipe, a full disk).
 #[derive(Debug)]
@@ -51,7 +51,7 @@ pub(crate) fn line(line: &str) -> Result<(), StdoutGone> {
 }
 
 /// Several lines for people, whose newlines the caller placed (values inside must be escaped
-/// already, as [`kata_topo::Verdict::human`] does); each line is escaped again on its own.
+/// already, as [`kata_topo_core::Verdict::human`] does); each line is escaped again on its own.
 pub(crate) fn lines(text: &str) -> Result<(), StdoutGone> {
     if text.is_empty() {
         return Ok(());

@@ -12,7 +12,7 @@ fn repo() -> PathBuf {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    repo().join("topology/tests/fixtures/hwloc").join(name)
+    repo().join("core/tests/fixtures/hwloc").join(name)
 }
 
 fn scenario(name: &str) -> PathBuf {
@@ -162,8 +162,8 @@ fn linux_backend_on_a_snapshot_with_offline_cpus_and_node() {
     let out = live_topology_of(&root, &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let json = stdout_json(&out);
-    let offline =
-        kata_topo::IdSet::parse(json["offline_cpus"].as_str().expect("offline")).expect("list");
+    let offline = kata_topo_core::IdSet::parse(json["offline_cpus"].as_str().expect("offline"))
+        .expect("list");
     assert!(offline.contains(0), "CPU 0 is offline: {json}");
     let nodes: Vec<u64> = json["numa_nodes"]
         .as_array()
@@ -399,7 +399,7 @@ fn version_flag() {
 
 #[test]
 fn status_exit_codes_for_node_problem_detector() {
-    use kata_topo::state::{GroupState, TaskRecord};
+    use kata_topo_core::state::{GroupState, TaskRecord};
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     // Nothing watched: clean.
@@ -522,7 +522,7 @@ fn a_fifo_as_any_input_is_refused_at_once() {
 #[test]
 fn a_fifo_inside_the_sysfs_root_is_refused_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tree = kata_topo::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
+    let tree = kata_topo_core::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
     let gpu = "0000:b7:00.0".parse().expect("bdf");
     tree.add_device(gpu, 1, Some("vfio-pci"), Some("42"))
         .expect("device");
@@ -638,7 +638,7 @@ fn endless_and_oversized_inputs_are_refused() {
 
 /// A state directory with one finding, for `status`.
 fn state_with_a_finding(pod_name: &str, message: &str) -> (tempfile::TempDir, PathBuf) {
-    use kata_topo::state::GroupState;
+    use kata_topo_core::state::GroupState;
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let g = GroupState::open(&state, "k8s.io", "sb1").expect("state");
@@ -712,7 +712,7 @@ fn assert_no_control(text: &str) {
     assert!(
         !text
             .chars()
-            .any(|c| c != '\n' && kata_topo::text::needs_escape(c)),
+            .any(|c| c != '\n' && kata_topo_core::text::needs_escape(c)),
         "{text:?}"
     );
 }

@@ -1,4 +1,4 @@
-//! `kata-topo vm` end to end on the /proc trees of `topology/tests/fixtures/vmm/` (QEMU and
+//! `kata-topo vm` end to end on the /proc trees of `core/tests/fixtures/vmm/` (QEMU and
 //! cloud-hypervisor recorded from real processes; firecracker and dragonball written from their
 //! layout): per vCPU, the thread and how it was identified; a process that is not a VMM; JSON.
 
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 fn tree(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../topology/tests/fixtures/vmm")
+        .join("../core/tests/fixtures/vmm")
         .join(name)
 }
 

@@ -197,7 +197,7 @@ fn log_lines() -> Vec<String> {
     let path = dir.path().join("more.log");
     let log = kata_topo_sinks::Log::open(&path, false, kata_topo_sinks::Drops::new());
     for rule in RULES.iter().filter(|r| !seen.iter().any(|s| s == *r)) {
-        let v: kata_topo::Verdict = serde_json::from_value(serde_json::json!({
+        let v: kata_topo_core::Verdict = serde_json::from_value(serde_json::json!({
             "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c",
             "container_name": "app", "pod": {"name": "p", "namespace": "ns", "uid": "u"},
             "policy": "restricted", "mode": "audit", "decision": "allow",

@@ -47,7 +47,7 @@ fn events_prints_a_published_finding() {
         .next()
         .map(str::to_string)
         .expect("a line");
-    let v: kata_topo::Verdict = serde_json::from_str(&line).expect("one verdict per line");
+    let v: kata_topo_core::Verdict = serde_json::from_str(&line).expect("one verdict per line");
     assert_eq!(v.container_id.as_deref(), Some(id.as_str()));
     assert_eq!(v.pod.name.as_deref(), Some("watched"));
     assert!(eventually(Duration::from_secs(5), || read(&human_out)

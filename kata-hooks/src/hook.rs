@@ -9,17 +9,17 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use kata_topo::check::failed_verdict;
-use kata_topo::config::Config;
-use kata_topo::kata::KataConfig;
-use kata_topo::state::GroupState;
-use kata_topo::vm::VmView;
-use kata_topo::{Checker, ContainerSpec, Decision, Mode, Operation, Request, Sysfs, Verdict};
+use kata_topo_core::check::failed_verdict;
+use kata_topo_core::config::Config;
+use kata_topo_core::kata::KataConfig;
+use kata_topo_core::state::GroupState;
+use kata_topo_core::vm::VmView;
+use kata_topo_core::{Checker, ContainerSpec, Decision, Mode, Operation, Request, Sysfs, Verdict};
 use kata_topo_sinks::events::{payload, publish};
 use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
 
-use kata_topo::VERSION;
+use kata_topo_core::VERSION;
 
 /// The most the hook spends publishing its event and writing its log: containerd being slow
 /// or a log nobody reads must never make the runtime's hook timeout fail a container.
@@ -123,7 +123,7 @@ pub fn run() -> Result<(), HookError> {
         let failed = verdict
             .findings
             .iter()
-            .all(|f| f.rule == kata_topo::Rule::CheckFailed);
+            .all(|f| f.rule == kata_topo_core::Rule::CheckFailed);
         return Err(if failed {
             HookError::FailedClosed(
                 verdict
@@ -160,7 +160,7 @@ type Failure = (Option<Box<ContainerSpec>>, String);
 fn store(config: &Config, bundle: &Path, group: &str) -> Option<GroupState> {
     let sandbox_bundle = bundle
         .parent()
-        .map(|p| p.join(kata_topo::state::safe_name(group)))
+        .map(|p| p.join(kata_topo_core::state::safe_name(group)))
         .filter(|p| p.is_dir());
     match sandbox_bundle {
         Some(b) => GroupState::open(&b, "kata-topo-hook", "state").ok(),
@@ -182,7 +182,7 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
     let group = spec.sandbox_id.clone().unwrap_or_else(|| state.id.clone());
     if state.status == "stopped" {
         // poststop: when the sandbox goes, so do its baselines.
-        if spec.kind == kata_topo::request::ContainerKind::Sandbox {
+        if spec.kind == kata_topo_core::request::ContainerKind::Sandbox {
             if let Some(s) = store(config, &state.bundle, &group) {
                 let _ = s.remove_all();
             }
@@ -193,7 +193,7 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         return Ok(v);
     }
     // The live machine through the node-wide cache: a discovery only when the machine changed.
-    let host = kata_topo::cache::load(config)
+    let host = kata_topo_core::cache::load(config)
         .map(|loaded| loaded.host)
         .map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
     let sysfs = Sysfs::new(&config.sysfs_root);

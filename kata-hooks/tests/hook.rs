@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use kata_topo::simulate::SysfsTree;
+use kata_topo_core::simulate::SysfsTree;
 use serde_json::{json, Value};
 
 struct Env {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use kata_topo::process::ProcessId;
+use kata_topo_core::process::ProcessId;
 use prost::Message;
 
 use crate::args::Args;
@@ -30,7 +30,7 @@ use crate::ttrpc::{
     socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest, Probe,
     ShutdownRequest,
 };
-use kata_topo::config::Config;
+use kata_topo_core::config::Config;
 
 /// The whole of `delete`'s own work; containerd allows 5 s, and the delegate's `delete` may
 /// still have to run after it.

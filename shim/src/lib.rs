@@ -12,7 +12,7 @@ mod proxy;
 mod run;
 mod start;
 
-use kata_topo::state;
+use kata_topo_core::state;
 use kata_topo_sinks::ttrpc;
 
 pub use run::real_main;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use kata_topo::config::{Config, ConfigSource, Resolved};
-use kata_topo::kata::KataConfig;
+use kata_topo_core::config::{Config, ConfigSource, Resolved};
+use kata_topo_core::kata::KataConfig;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};
@@ -15,7 +15,7 @@ use crate::checks::{PodChecks, Sinks};
 use crate::daemon::{cleanup, serve, Delegate, Exit, OwnSocket};
 use crate::ttrpc::socket_path;
 
-use kata_topo::VERSION;
+use kata_topo_core::VERSION;
 
 /// The entry point: everything that must happen before threads exist happens here.
 pub fn real_main() -> ExitCode {

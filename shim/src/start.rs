@@ -18,8 +18,8 @@ use crate::args::Args;
 use crate::daemon::Delegate;
 use crate::state::GroupState;
 use crate::ttrpc::{probe, socket_path, Client, Code, Probe, ShutdownRequest, TASK_V2, TASK_V3};
-use kata_topo::config::{Config, ConfigError, Resolved};
-use kata_topo::process::ProcessId;
+use kata_topo_core::config::{Config, ConfigError, Resolved};
+use kata_topo_core::process::ProcessId;
 use kata_topo_proto::bootstrap::{BootstrapError, Reply, StartParams, Stdin};
 
 /// The bundle file that tells `delete` (and a later `start`) who the delegate is.
@@ -89,7 +89,7 @@ fn shim_socket(socket_dir: &Path, name: &str) -> String {
 
 /// The pod group of a task: the CRI sandbox id, runc's group annotation, else the task id.
 pub fn group_of(bundle: &Path, task_id: &str) -> String {
-    let spec = kata_topo::ContainerSpec::from_file(&bundle.join("config.json")).ok();
+    let spec = kata_topo_core::ContainerSpec::from_file(&bundle.join("config.json")).ok();
     spec.as_ref()
         .and_then(|s| {
             s.sandbox_id
@@ -152,7 +152,7 @@ enum StartError {
 
 /// `: <what the daemon said>`, when it said anything.
 fn said(stderr: &str) -> String {
-    let text = kata_topo::text::printable(stderr.trim());
+    let text = kata_topo_core::text::printable(stderr.trim());
     if text.is_empty() {
         String::new()
     } else {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kata_topo::Verdict;
+use kata_topo_core::Verdict;
 use prost::Message;
 use slog::Logger;
 

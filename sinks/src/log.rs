@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use kata_topo::files::{identity, Dir};
-use kata_topo::{Decision, Verdict};
+use kata_topo_core::files::{identity, Dir};
+use kata_topo_core::{Decision, Verdict};
 use serde_json::Value;
 use slog::{Drain, Key, Level, Logger, OwnedKVList, Record, KV};
 

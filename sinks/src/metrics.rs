@@ -4,7 +4,7 @@
 //!
 //! A check only bumps counters in memory and marks them dirty; a writer thread renders the
 //! file and replaces it whole, relative to the directory it opened once without following a
-//! symlink (see [`kata_topo::files::Dir`]). A hung filesystem stalls only the writer: the
+//! symlink (see [`kata_topo_core::files::Dir`]). A hung filesystem stalls only the writer: the
 //! counters keep counting and the next write carries them.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use kata_topo::files::Dir;
-use kata_topo::Verdict;
+use kata_topo_core::files::Dir;
+use kata_topo_core::Verdict;
 
 use crate::queue::{Drops, Sink};
 
@@ -65,8 +65,8 @@ fn escape(v: &str) -> String {
 pub fn file_name(namespace: &str, sandbox: &str) -> String {
     format!(
         "kata-topo-{}-{}.prom",
-        kata_topo::state::safe_name(namespace),
-        kata_topo::state::safe_name(sandbox)
+        kata_topo_core::state::safe_name(namespace),
+        kata_topo_core::state::safe_name(sandbox)
     )
 }
 

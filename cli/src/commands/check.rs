@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kata_topo::fsutil;
-use kata_topo::kata::KataConfig;
-use kata_topo::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
-use kata_topo::vm::VmView;
-use kata_topo::{
+use kata_topo_core::fsutil;
+use kata_topo_core::kata::KataConfig;
+use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
+use kata_topo_core::vm::VmView;
+use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, Policy, Request, Resources,
 };
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kata_topo::text::printable;
+use kata_topo_core::text::printable;
 
 use crate::out;
 
@@ -78,7 +78,9 @@ pub(crate) fn events(args: &EventsArgs) -> Result<ExitCode> {
 /// publisher used), anything else wrapped with its topic and namespace.
 fn event_json(namespace: &str, topic: &str, payload: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(payload) {
-        Ok(v) if serde_json::from_value::<kata_topo::Verdict>(v.clone()).is_ok() => v.to_string(),
+        Ok(v) if serde_json::from_value::<kata_topo_core::Verdict>(v.clone()).is_ok() => {
+            v.to_string()
+        }
         _ => serde_json::json!({"topic": topic, "namespace": namespace, "payload": payload})
             .to_string(),
     }
@@ -87,7 +89,7 @@ fn event_json(namespace: &str, topic: &str, payload: &str) -> String {
 /// An event for people: the namespace, the topic and the verdict's lines (indented), every
 /// value escaped.
 fn event_human(namespace: &str, topic: &str, payload: &str) -> String {
-    let body = match serde_json::from_str::<kata_topo::Verdict>(payload) {
+    let body = match serde_json::from_str::<kata_topo_core::Verdict>(payload) {
         Ok(v) => v.human().trim_end().replace('\n', "\n    "),
         Err(_) => printable(payload).into_owned(),
     };
@@ -118,7 +120,7 @@ mod tests {
 
     fn has_control(text: &str) -> bool {
         text.chars()
-            .any(|c| c != '\n' && kata_topo::text::needs_escape(c))
+            .any(|c| c != '\n' && kata_topo_core::text::needs_escape(c))
     }
 
     #[test]

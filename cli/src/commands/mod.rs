@@ -1,7 +1,7 @@
 //! The subcommands, one module each: its arguments and the function that runs it; and the
 //! arguments more than one of them takes.
 //!
-//! Every input file is read through [`kata_topo::fsutil`]: bounded, and a regular file (or
+//! Every input file is read through [`kata_topo_core::fsutil`]: bounded, and a regular file (or
 //! `-`, standard input, for `--spec`, `--update` or `--baseline`); anything else is exit 2
 //! naming the file and what it is.
 
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
-use kata_topo::{Host, Sysfs, TopologySource};
+use kata_topo_core::{Host, Sysfs, TopologySource};
 
 /// Where the host description comes from.
 #[derive(Debug, Args)]

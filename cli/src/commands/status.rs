@@ -21,7 +21,7 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
-    let pods = kata_topo::state::list(&args.state_dir)
+    let pods = kata_topo_core::state::list(&args.state_dir)
         .with_context(|| format!("cannot read state directory {}", args.state_dir.display()))?;
     let findings: usize = pods
         .iter()

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kata_topo::host::Locality;
-use kata_topo::text::printable;
+use kata_topo_core::host::Locality;
+use kata_topo_core::text::printable;
 use serde::Serialize;
 
 use crate::commands::HostArgs;

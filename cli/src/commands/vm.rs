@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use kata_topo::vm::{Accel, VmReader};
+use kata_topo_core::vm::{Accel, VmReader};
 
 use crate::out::{self, outln};
 

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use kata_topo::{UpdateClass, Verdict};
+use kata_topo_core::{UpdateClass, Verdict};
 
 /// What was last announced, per task and class.
 #[derive(Debug, Default)]

@@ -17,14 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo::check::{check_failed, failed_verdict};
-use kata_topo::config::{Config, ConfigSource, Resolved};
-use kata_topo::kata::KataConfig;
-use kata_topo::process::ProcessId;
-use kata_topo::request::ContainerKind;
-use kata_topo::state::{DaemonRecord, GroupState, TaskRecord};
-use kata_topo::vm::{VmReader, VmView};
-use kata_topo::{
+use kata_topo_core::check::{check_failed, failed_verdict};
+use kata_topo_core::config::{Config, ConfigSource, Resolved};
+use kata_topo_core::kata::KataConfig;
+use kata_topo_core::process::ProcessId;
+use kata_topo_core::request::ContainerKind;
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::vm::{VmReader, VmView};
+use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
     Rule, Sysfs, UpdateClass, Verdict,
 };
@@ -147,7 +147,7 @@ impl PodChecks {
             origin: (file, source),
             host: HostCache::new(
                 config.topology_source(),
-                kata_topo::cache::TopologyCache::from_config(&config),
+                kata_topo_core::cache::TopologyCache::from_config(&config),
             ),
             sysfs: Sysfs::new(&config.sysfs_root),
             store: PodStore::open(files, persist),

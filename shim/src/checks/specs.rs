@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kata_topo::request::RequestError;
-use kata_topo::ContainerSpec;
+use kata_topo_core::request::RequestError;
+use kata_topo_core::ContainerSpec;
 
 /// The cache.
 #[derive(Debug, Default)]

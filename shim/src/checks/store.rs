@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use std::sync::Mutex;
 
-use kata_topo::state::{DaemonRecord, GroupState, TaskRecord};
-use kata_topo::{Baseline, Verdict};
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::{Baseline, Verdict};
 use kata_topo_sinks::Persist;
 
 /// Whose baseline.
@@ -43,7 +43,7 @@ impl PodStore {
             sandbox: files.sandbox_baseline().ok().flatten(),
             ..Memory::default()
         };
-        if let Ok(Some(pod)) = kata_topo::state::read_pod(files.dir()) {
+        if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
             memory.containers = pod.containers.into_iter().collect();
             memory.tasks = pod.tasks.into_iter().collect();
         }

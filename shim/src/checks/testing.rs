@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kata_topo::config::{Config, ConfigSource, Resolved};
-use kata_topo::kata::KataConfig;
-use kata_topo::simulate::SysfsTree;
+use kata_topo_core::config::{Config, ConfigSource, Resolved};
+use kata_topo_core::kata::KataConfig;
+use kata_topo_core::simulate::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use super::{Outcome, PodChecks, Sinks};

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use kata_topo::{Decision, Defaults, Mode, Operation, Policy, Rule, Severity, UpdateClass};
+use kata_topo_core::{Decision, Defaults, Mode, Operation, Policy, Rule, Severity, UpdateClass};
 use serde_json::json;
 
 use Rule::*;
@@ -366,7 +366,7 @@ fn topology_drift_against_the_baseline() {
     let tree = Tree::new().vfio("0000:c1:00.0", 1, "60");
     let sysfs = tree.sysfs();
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
-    let checker = kata_topo::Checker::new(&host, Some(&sysfs), Defaults::default());
+    let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), Defaults::default());
     let baseline = checker.record_baseline(&s);
     assert_eq!(baseline.cpu_nodes.to_string(), "1");
     assert_eq!(
@@ -419,7 +419,7 @@ fn topology_drift_against_the_baseline() {
 #[test]
 fn recreate_is_held_to_the_baseline() {
     let host = host(DGX2);
-    let checker = kata_topo::Checker::new(&host, None, Defaults::default());
+    let checker = kata_topo_core::Checker::new(&host, None, Defaults::default());
     let first = spec().cpus("0-1").build();
     let baseline = checker.record_baseline(&first);
     let same = recreate(&host, None, &first, &baseline);
@@ -441,7 +441,7 @@ fn check_failed_when_devices_cannot_be_resolved() {
     let v = create(&host, None, &s);
     assert_eq!(rules(&v), vec![(CheckFailed, Warning)]);
     assert!(finding(&v, CheckFailed).message.contains("no sysfs root"));
-    let closed = kata_topo::Checker::new(
+    let closed = kata_topo_core::Checker::new(
         &host,
         None,
         Defaults {
@@ -450,7 +450,7 @@ fn check_failed_when_devices_cannot_be_resolved() {
             ..Defaults::default()
         },
     )
-    .check(&kata_topo::Request::create(&s));
+    .check(&kata_topo_core::Request::create(&s));
     assert_eq!(rules(&closed), vec![(CheckFailed, Error)]);
     assert_eq!(closed.decision, Decision::Reject);
 }
@@ -546,8 +546,8 @@ fn restricted_topology_is_seen_whole() {
     assert!(host.pci.len() >= 8);
 }
 
-fn kata(pinning: bool, static_sizing: bool) -> kata_topo::kata::KataConfig {
-    kata_topo::kata::KataConfig {
+fn kata(pinning: bool, static_sizing: bool) -> kata_topo_core::kata::KataConfig {
+    kata_topo_core::kata::KataConfig {
         enable_vcpus_pinning: pinning,
         static_sandbox_resource_mgmt: static_sizing,
         default_vcpus: 1.0,
@@ -556,16 +556,16 @@ fn kata(pinning: bool, static_sizing: bool) -> kata_topo::kata::KataConfig {
 }
 
 fn check_with_kata(
-    host: &kata_topo::Host,
-    sysfs: Option<&kata_topo::Sysfs>,
-    spec: &kata_topo::ContainerSpec,
-    update: Option<&kata_topo::Resources>,
-    kata: &kata_topo::kata::KataConfig,
-) -> kata_topo::Verdict {
-    kata_topo::Checker::new(host, sysfs, Defaults::default()).check(&kata_topo::Request {
+    host: &kata_topo_core::Host,
+    sysfs: Option<&kata_topo_core::Sysfs>,
+    spec: &kata_topo_core::ContainerSpec,
+    update: Option<&kata_topo_core::Resources>,
+    kata: &kata_topo_core::kata::KataConfig,
+) -> kata_topo_core::Verdict {
+    kata_topo_core::Checker::new(host, sysfs, Defaults::default()).check(&kata_topo_core::Request {
         update,
         kata: Some(kata),
-        ..kata_topo::Request::create(spec)
+        ..kata_topo_core::Request::create(spec)
     })
 }
 
@@ -576,7 +576,7 @@ fn vcpu_pinning_lost_is_predicted_from_config_and_update() {
     let mut j = spec().cpus("8-9").json();
     j["linux"]["resources"]["cpu"]["quota"] = json!(100_000);
     j["linux"]["resources"]["cpu"]["period"] = json!(100_000);
-    let s = kata_topo::ContainerSpec::from_json(j.to_string().as_bytes()).expect("spec");
+    let s = kata_topo_core::ContainerSpec::from_json(j.to_string().as_bytes()).expect("spec");
     assert_eq!(
         rules(&check_with_kata(&host, None, &s, None, &kata(true, false))),
         vec![]
@@ -616,7 +616,7 @@ fn vcpu_pinning_lost_is_predicted_from_config_and_update() {
     // single-numa-node makes it an error.
     let mut j2 = j.clone();
     j2["annotations"]["kata-topo.io/policy"] = json!("single-numa-node");
-    let s2 = kata_topo::ContainerSpec::from_json(j2.to_string().as_bytes()).expect("spec");
+    let s2 = kata_topo_core::ContainerSpec::from_json(j2.to_string().as_bytes()).expect("spec");
     let v = check_with_kata(&host, None, &s2, Some(&resize), &kata(true, false));
     assert_eq!(rules(&v), vec![(VcpuPinningLost, Error)]);
 }
@@ -626,7 +626,7 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
     let host = host(DGX2);
     let tree = dgx2_tree();
     let sysfs = tree.sysfs();
-    let numa = |mapping: &[&str]| kata_topo::kata::KataConfig {
+    let numa = |mapping: &[&str]| kata_topo_core::kata::KataConfig {
         enable_numa: true,
         numa_mapping: mapping.iter().map(|m| m.parse().expect("set")).collect(),
         ..Default::default()
@@ -649,7 +649,7 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
         vec![]
     );
     // NUMA mode off: the mapping means nothing.
-    let off = kata_topo::kata::KataConfig {
+    let off = kata_topo_core::kata::KataConfig {
         enable_numa: false,
         ..numa(&["0"])
     };
@@ -660,8 +660,8 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
 }
 
 /// A KVM VM view whose vCPU threads may run on these CPU lists, in vCPU order.
-fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo::vm::VmView {
-    use kata_topo::vm::{Accel, Sampling, Vcpu, VmView};
+fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo_core::vm::VmView {
+    use kata_topo_core::vm::{Accel, Sampling, Vcpu, VmView};
     VmView {
         pid,
         found_via: None,
@@ -685,7 +685,7 @@ fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo::vm::VmView {
         notes: Vec::new(),
         sampling: Sampling::default(),
         memory_policies: Default::default(),
-        memory_nodes: kata_topo::IdSet::new(),
+        memory_nodes: kata_topo_core::IdSet::new(),
         guest_nodes: Vec::new(),
     }
 }
@@ -694,11 +694,13 @@ fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo::vm::VmView {
 fn vm_rules_on_the_vcpu_threads() {
     let host = host(DGX2);
     let s = spec().cpus("0-1").build();
-    let check = |vm: &kata_topo::vm::VmView| {
-        kata_topo::Checker::new(&host, None, Defaults::default()).check(&kata_topo::Request {
-            vm: Some(vm),
-            ..kata_topo::Request::create(&s)
-        })
+    let check = |vm: &kata_topo_core::vm::VmView| {
+        kata_topo_core::Checker::new(&host, None, Defaults::default()).check(
+            &kata_topo_core::Request {
+                vm: Some(vm),
+                ..kata_topo_core::Request::create(&s)
+            },
+        )
     };
     // Each vCPU on its own CPU of node 0, where the cpuset is: nothing to report.
     assert_eq!(rules(&check(&vm_view(700, &["0", "1"]))), vec![]);
@@ -733,7 +735,7 @@ fn every_rule_message_is_one_clean_line() {
     let tree = dgx2_tree();
     let sysfs = tree.sysfs();
     let pinning = kata(true, false);
-    let numa = kata_topo::kata::KataConfig {
+    let numa = kata_topo_core::kata::KataConfig {
         enable_numa: true,
         numa_mapping: vec!["0".parse().expect("set")],
         ..Default::default()
@@ -751,12 +753,12 @@ fn every_rule_message_is_one_clean_line() {
     let mut verdicts = vec![
         // cpu-spans-numa, cpu-outside-intent, vfio-remote, vfio-missing (both kinds),
         // vcpu-pinning-lost, vcpu-affinity-drift, vcpu-overlap.
-        kata_topo::Checker::new(&dgx2, Some(&sysfs), Defaults::default()).check(
-            &kata_topo::Request {
+        kata_topo_core::Checker::new(&dgx2, Some(&sysfs), Defaults::default()).check(
+            &kata_topo_core::Request {
                 update: Some(&resize),
                 kata: Some(&pinning),
                 vm: Some(&vm),
-                ..kata_topo::Request::create(&single)
+                ..kata_topo_core::Request::create(&single)
             },
         ),
         // guest-numa-uncovered.
@@ -808,7 +810,7 @@ fn every_rule_message_is_one_clean_line() {
     // topology-drift: the device moved since admission.
     let moving = Tree::new().vfio("0000:c1:00.0", 1, "60");
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
-    let baseline = kata_topo::Checker::new(&vfs, Some(&moving.sysfs()), Defaults::default())
+    let baseline = kata_topo_core::Checker::new(&vfs, Some(&moving.sysfs()), Defaults::default())
         .record_baseline(&s);
     moving
         .tree

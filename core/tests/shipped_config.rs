@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use kata_topo::config::Config;
-use kata_topo::kata::KataConfig;
-use kata_topo::{Mode, Policy};
+use kata_topo_core::config::Config;
+use kata_topo_core::kata::KataConfig;
+use kata_topo_core::{Mode, Policy};
 
 fn shipped() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configuration-kata.toml")

@@ -13,9 +13,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use kata_topo::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
-use kata_topo::simulate::SysfsTree;
-use kata_topo::{Host, Sysfs, Verdict};
+use kata_topo_core::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
+use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::{Host, Sysfs, Verdict};
 
 use common::{bdf, create, resources, spec, update};
 
@@ -110,7 +110,7 @@ fn cache_files(dir: &Path) -> Vec<String> {
         .expect("list")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| kata_topo::cache::is_cache_file(n))
+        .filter(|n| kata_topo_core::cache::is_cache_file(n))
         .collect();
     names.sort();
     names

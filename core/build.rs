@@ -1,4 +1,4 @@
-//! Embeds the git revision in `kata_topo::VERSION`, which every binary prints.
+//! Embeds the git revision in `kata_topo_core::VERSION`, which every binary prints.
 use std::process::Command;
 
 fn main() {

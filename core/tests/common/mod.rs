@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kata_topo::simulate::SysfsTree;
-use kata_topo::{
+use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::{
     Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Rule,
     Severity, Sysfs, TopologySource, Verdict,
 };
@@ -198,7 +198,7 @@ pub fn rules(v: &Verdict) -> Vec<(Rule, Severity)> {
 }
 
 /// The one finding of a rule.
-pub fn finding(v: &Verdict, rule: Rule) -> &kata_topo::Finding {
+pub fn finding(v: &Verdict, rule: Rule) -> &kata_topo_core::Finding {
     let found: Vec<_> = v.findings.iter().filter(|f| f.rule == rule).collect();
     assert_eq!(found.len(), 1, "want one {rule} in {:#?}", v.findings);
     found[0]

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kata_topo::cache::{Origin, TopologyCache};
-use kata_topo::simulate::SysfsTree;
-use kata_topo::{
+use kata_topo_core::cache::{Origin, TopologyCache};
+use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::{
     Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Sysfs, TopologySource,
 };
 
