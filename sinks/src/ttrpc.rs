@@ -352,11 +352,25 @@ mod tests {
             Probe::Nothing,
             "no file"
         );
-        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        // A listener with a backlog of one that never accepts: the backlog fills, then
+        // connects would block.
+        use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType};
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .expect("socket");
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            &nix::sys::socket::UnixAddr::new(&path).expect("address"),
+        )
+        .expect("bind");
+        listen(&listener, Backlog::new(1).expect("backlog")).expect("listen");
         assert_eq!(probe(p, Duration::from_millis(50)), Probe::Listening);
-        // A listener that never accepts: its backlog fills, then connects would block.
         let mut held = Vec::new();
-        let filled = (0..4096).any(|_| match connect_until(p, Instant::now()) {
+        let filled = (0..64).any(|_| match connect_until(p, Instant::now()) {
             Ok(s) => {
                 held.push(s);
                 false
