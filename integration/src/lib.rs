@@ -676,6 +676,18 @@ impl Containerd {
         self.ctr_ns("default", args)
     }
 
+    /// Removes task and container `id` (namespace `default`): the task killed and deleted,
+    /// then the container deleted, which must succeed.
+    pub fn remove_task(&self, id: &str) {
+        let _ = self.ctr(&["task", "delete", "-f", id]);
+        let out = self.ctr(&["container", "delete", id]);
+        assert!(
+            out.status.success(),
+            "container delete {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `ctr -n NS …`.
     pub fn ctr_ns(&self, ns: &str, args: &[&str]) -> Output {
         Command::new(ContainerdBin::get().ctr())

@@ -249,14 +249,7 @@ fn config_path_decides_the_wrappers_configuration_on_every_version() {
         v["sandboxes"][0]["daemon"]["config_source"], "KATA_TOPO_CONFIG",
         "{v}"
     );
-    let _ = c.ctr(&["task", "kill", "-s", "KILL", "env-configured"]);
-    assert!(eventually(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&c.ctr(&["task", "ls"]).stdout)
-            .lines()
-            .all(|l| !l.starts_with("env-configured") || l.contains("STOPPED"))
-    }));
-    let _ = c.ctr(&["task", "delete", "env-configured"]);
-    let _ = c.ctr(&["container", "delete", "env-configured"]);
+    c.remove_task("env-configured");
     assert_eq!(c.wait_clean(Duration::from_secs(20)), Vec::<String>::new());
 }
 
@@ -306,13 +299,6 @@ fn the_wrappers_socket_is_where_containerd_puts_shim_sockets() {
         assert_ne!(c.shim_socket_dir, Path::new("/run/containerd/s"));
     }
     assert_ne!(address, delegate);
-    let _ = c.ctr(&["task", "kill", "-s", "KILL", "placed"]);
-    assert!(eventually(Duration::from_secs(10), || {
-        String::from_utf8_lossy(&c.ctr(&["task", "ls"]).stdout)
-            .lines()
-            .all(|l| !l.starts_with("placed") || l.contains("STOPPED"))
-    }));
-    let _ = c.ctr(&["task", "delete", "placed"]);
-    let _ = c.ctr(&["container", "delete", "placed"]);
+    c.remove_task("placed");
     assert_eq!(c.wait_clean(Duration::from_secs(20)), Vec::<String>::new());
 }

@@ -43,16 +43,6 @@ fn kill9(pid: u32) {
         .status();
 }
 
-fn cleanup_task(c: &Containerd, id: &str) {
-    let _ = c.ctr(&["task", "delete", "-f", id]);
-    let out = c.ctr(&["container", "delete", id]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
     let c = Containerd::start(Guard::default());
@@ -62,7 +52,7 @@ fn delegate_killed_the_wrapper_exits_and_nothing_leaks() {
         eventually(Duration::from_secs(10), || !alive(wrapper)),
         "the wrapper must exit when its delegate dies"
     );
-    cleanup_task(&c, "victim");
+    c.remove_task("victim");
     assert!(
         eventually(Duration::from_secs(10), || !alive(pid)),
         "the container process is gone"
@@ -91,7 +81,7 @@ fn wrapper_killed_delete_cleans_the_delegate_up() {
         eventually(Duration::from_secs(10), || !alive(pid)),
         "the container process is gone"
     );
-    cleanup_task(&c, "orphan");
+    c.remove_task("orphan");
     assert_eq!(
         c.wait_clean(Duration::from_secs(15)),
         Vec::<String>::new(),
@@ -376,7 +366,7 @@ fn planted_symlinks_are_never_followed() {
             .is_ok_and(|m| m.file_type().is_file())
     });
     assert!(written, "the metrics file replaced the planted symlink");
-    cleanup_task(&c, "planted");
+    c.remove_task("planted");
     assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
     assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
@@ -433,7 +423,7 @@ fn an_oversized_request_fails_only_its_stream() {
         .expect("State after the oversized frame");
     assert_eq!(r.code(), 0, "{r:?}");
     drop(client);
-    cleanup_task(&c, "big");
+    c.remove_task("big");
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
 
