@@ -1,7 +1,10 @@
 //! The host topology one daemon checks against: loaded off the request path, reloaded every
-//! `topology_refresh_seconds`, and never waited for. Until the first load finished a check
-//! cannot run (it reports `check-failed`); a failed reload keeps the previous topology and
-//! says so in every verdict until a reload succeeds.
+//! `topology_refresh_seconds`. Only the first load of a new daemon is waited for, and only for
+//! a bounded time ([`HostCache::current_within`]): on a fresh node the first pod's daemon
+//! discovers the machine while the delegate starts, and its first check would otherwise always
+//! find it still loading. After that bound a check cannot run (it reports `check-failed`); a
+//! failed reload keeps the previous topology and says so in every verdict until a reload
+//! succeeds.
 //!
 //! The live machine goes through the node-wide cache ([`kata_topo_core::cache`]): the first load
 //! takes the cached XML when it matches the machine's key, and a refresh only reads the key
@@ -9,8 +12,8 @@
 //! so `topology-drift` follows the machine without a discovery every period.
 
 use std::panic::catch_unwind;
-use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
 
 use kata_topo_core::cache::{CacheKey, Loaded, Origin, TopologyCache};
 use kata_topo_core::host::HostError;
@@ -29,6 +32,18 @@ struct Slot {
     tried: bool,
 }
 
+/// Where the daemon's first load is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum FirstLoad {
+    /// Nobody asked for a load yet.
+    #[default]
+    NotAsked,
+    /// A load was asked for and has not finished.
+    Running,
+    /// A load finished, well or not.
+    Finished,
+}
+
 /// The topology and how fresh it is.
 #[derive(Debug)]
 pub(crate) struct HostCache {
@@ -36,6 +51,8 @@ pub(crate) struct HostCache {
     /// The node-wide cache, for the live machine unless `topology_cache = false`.
     cache: Option<TopologyCache>,
     slot: RwLock<Slot>,
+    first: Mutex<FirstLoad>,
+    first_done: Condvar,
 }
 
 impl HostCache {
@@ -44,7 +61,40 @@ impl HostCache {
             source,
             cache,
             slot: RwLock::new(Slot::default()),
+            first: Mutex::new(FirstLoad::NotAsked),
+            first_done: Condvar::new(),
         }
+    }
+
+    /// Says that the first load is under way (the refresher thread is about to run it), so
+    /// that [`HostCache::current_within`] waits for it.
+    pub(crate) fn first_load_asked(&self) {
+        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if *first == FirstLoad::NotAsked {
+            *first = FirstLoad::Running;
+        }
+    }
+
+    fn first_load_finished(&self) {
+        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if *first != FirstLoad::Finished {
+            *first = FirstLoad::Finished;
+            self.first_done.notify_all();
+        }
+    }
+
+    /// [`HostCache::current`], after waiting at most `wait` for the first load when it is
+    /// under way. Once it finished (or when none was asked for) this never waits.
+    pub(crate) fn current_within(&self, wait: Duration) -> (Option<Arc<Host>>, Option<String>) {
+        let first = self.first.lock().unwrap_or_else(|e| e.into_inner());
+        if *first == FirstLoad::Running {
+            let _ = self
+                .first_done
+                .wait_timeout_while(first, wait, |f| *f == FirstLoad::Running);
+        } else {
+            drop(first);
+        }
+        self.current()
     }
 
     /// Loads the topology — or, through the cache, finds that the machine's key has not
@@ -112,6 +162,7 @@ impl HostCache {
         }
         slot.tried = true;
         drop(slot);
+        self.first_load_finished();
         metrics.refreshed(ok);
         ok
     }
@@ -164,6 +215,49 @@ mod tests {
             .map(|l| serde_json::from_str(l).expect("JSON line"))
             .filter(|l: &serde_json::Value| l["event"] == "topology-loaded")
             .collect()
+    }
+
+    /// A check waits for the first load only while one is under way, and only as long as it
+    /// is told to; once a load finished nothing waits.
+    #[test]
+    fn only_a_first_load_under_way_is_waited_for_and_only_so_long() {
+        let xml = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../core/tests/fixtures/hwloc/xml/nvidiaDGX2.xml");
+        let log = Log::with_journal(
+            &std::env::temp_dir().join("unused"),
+            false,
+            None,
+            Drops::new(),
+        );
+        let still = Some("the host topology is still loading".to_string());
+
+        // No load asked for: the answer is the state now.
+        let idle = HostCache::new(TopologySource::Xml(xml.clone()), None);
+        assert_eq!(idle.current_within(Duration::from_secs(3600)).1, still);
+
+        // A load asked for that never finishes: the bound holds.
+        let stuck = HostCache::new(TopologySource::Xml(xml.clone()), None);
+        stuck.first_load_asked();
+        assert_eq!(stuck.current_within(Duration::from_millis(50)).1, still);
+
+        // A load under way that finishes: the check gets its host.
+        let cache = Arc::new(HostCache::new(TopologySource::Xml(xml), None));
+        cache.first_load_asked();
+        let loader = {
+            let cache = Arc::clone(&cache);
+            let logger = log.logger().clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                cache.refresh(&logger, &Metrics::off(), "sb1")
+            })
+        };
+        let (host, stale) = cache.current_within(Duration::from_secs(3600));
+        assert!(host.is_some(), "waited for the load: {stale:?}");
+        assert_eq!(stale, None);
+        assert!(loader.join().expect("loader"));
+        // Asking again after it finished changes nothing: no later check waits.
+        cache.first_load_asked();
+        assert!(cache.current_within(Duration::from_secs(3600)).0.is_some());
     }
 
     /// A refresh reads the machine's key: the same key keeps the host it has, a changed one

@@ -33,6 +33,12 @@ use slog::Logger;
 
 use crate::error::ShimError;
 use announce::Announcer;
+
+/// The longest a check waits for its daemon's first topology load, when that load is under
+/// way: a new pod's daemon loads the topology while the delegate starts, and on a fresh node
+/// (nothing cached yet, a slow discovery) its first `Create` could otherwise arrive before
+/// the load finished and go unchecked. Later checks never wait.
+const FIRST_LOAD_WAIT: Duration = Duration::from_secs(3);
 use host::HostCache;
 use observe::Observer;
 use specs::SpecCache;
@@ -183,6 +189,7 @@ impl PodChecks {
     /// `topology_refresh_seconds`.
     pub(crate) fn spawn_refresher(self: &Arc<Self>) {
         let period = self.config.topology_refresh_seconds;
+        self.host.first_load_asked();
         let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("topology-refresh".into())
@@ -213,7 +220,7 @@ impl PodChecks {
         class: Option<UpdateClass>,
     ) -> Verdict {
         let spec = req.spec;
-        let (host, stale) = self.host.current();
+        let (host, stale) = self.host.current_within(FIRST_LOAD_WAIT);
         let Some(host) = host else {
             let reason = stale.unwrap_or_else(|| "no host topology".into());
             return failed_verdict(Some(spec), operation, class, self.defaults(), &reason);

@@ -131,10 +131,11 @@ fn a_state_dir_that_cannot_be_written_changes_no_decision() {
     assert!(p.checks.sinks.drops.get(kata_topo_sinks::Sink::State) > 0);
 }
 
-/// A create that arrives before the topology loaded is forwarded at once, reported as not
-/// checked, and its baseline is recorded once the topology is there.
+/// A create that arrives before the topology loaded (and with no load under way, which a
+/// check would wait for, a bounded time) is forwarded at once, reported as not checked, and
+/// its baseline is recorded once the topology is there.
 #[test]
-fn nothing_waits_for_the_topology() {
+fn a_create_before_the_topology_is_forwarded_and_recorded_later() {
     let p = pod_with("enforce", None, false);
     match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
         Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(7)),
