@@ -42,6 +42,9 @@ enum FirstLoad {
     Running,
     /// A load finished, well or not.
     Finished,
+    /// A check waited its time and the load had not finished: no check waits again (a load
+    /// that hangs must not cost every request the wait).
+    GaveUp,
 }
 
 /// The topology and how fresh it is.
@@ -84,13 +87,18 @@ impl HostCache {
     }
 
     /// [`HostCache::current`], after waiting at most `wait` for the first load when it is
-    /// under way. Once it finished (or when none was asked for) this never waits.
+    /// under way. Once it finished, when none was asked for, or once one wait ran out, this
+    /// never waits.
     pub(crate) fn current_within(&self, wait: Duration) -> (Option<Arc<Host>>, Option<String>) {
         let first = self.first.lock().unwrap_or_else(|e| e.into_inner());
         if *first == FirstLoad::Running {
-            let _ = self
+            let (mut first, _) = self
                 .first_done
-                .wait_timeout_while(first, wait, |f| *f == FirstLoad::Running);
+                .wait_timeout_while(first, wait, |f| *f == FirstLoad::Running)
+                .unwrap_or_else(|e| e.into_inner());
+            if *first == FirstLoad::Running {
+                *first = FirstLoad::GaveUp;
+            }
         } else {
             drop(first);
         }
@@ -235,10 +243,21 @@ mod tests {
         let idle = HostCache::new(TopologySource::Xml(xml.clone()), None);
         assert_eq!(idle.current_within(Duration::from_secs(3600)).1, still);
 
-        // A load asked for that never finishes: the bound holds.
-        let stuck = HostCache::new(TopologySource::Xml(xml.clone()), None);
+        // A load asked for that never finishes: the bound holds, and once it ran out no
+        // later check waits (were it to, this would not answer within the minute).
+        let stuck = Arc::new(HostCache::new(TopologySource::Xml(xml.clone()), None));
         stuck.first_load_asked();
         assert_eq!(stuck.current_within(Duration::from_millis(50)).1, still);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let again = Arc::clone(&stuck);
+        std::thread::spawn(move || {
+            let _ = tx.send(again.current_within(Duration::from_secs(3600)).1);
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("no second wait"),
+            still
+        );
 
         // A load under way that finishes: the check gets its host.
         let cache = Arc::new(HostCache::new(TopologySource::Xml(xml), None));
