@@ -5,11 +5,15 @@
 //! container admitted on NUMA node 1 with the simulated GPU; one thread per pod then sends
 //! SOAK_UPDATES cpuset pushes (default 2500 per pod, 10,000 in all), alternating between node 0
 //! (a finding to log, publish and count) and node 1 (clean). It prints, per wrapper daemon,
-//! resident memory, threads and open fds after a warm-up and at the end, the update latency
-//! (median, p95, max), and the sinks' drop counters from the metrics files.
+//! resident memory, threads and open fds after a warm-up and at the end, its resident memory at
+//! each quarter of the run with the growth of each half (a leak grows as much in the second
+//! half as in the first), the update latency (median, p95, max), and the sinks' drop counters
+//! from the metrics files.
 //!
 //! Target: RSS and threads flat after warm-up. A benchmark, not a test: it reports.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{Containerd, Guard, Res};
@@ -76,6 +80,20 @@ fn main() {
         }
     }
     let before: Vec<_> = wrappers.iter().map(|p| (*p, footprint(*p))).collect();
+    // Every daemon's RSS twice a second over the run: a leak grows as much in the second half
+    // as in the first, an allocator settling does not.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, pids) = (Arc::clone(&stop), wrappers.clone());
+        std::thread::spawn(move || {
+            let mut samples: Vec<Vec<u64>> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                samples.push(pids.iter().map(|p| footprint(*p).0).collect());
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            samples
+        })
+    };
     let started = Instant::now();
     let threads: Vec<_> = admitted
         .into_iter()
@@ -101,6 +119,8 @@ fn main() {
         done.push((cri, pod));
     }
     let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().expect("sampler");
     let after: Vec<_> = wrappers.iter().map(|p| (*p, footprint(*p))).collect();
     all.sort();
     println!(
@@ -118,6 +138,18 @@ fn main() {
         println!(
             "  pid {pid:<8}          {r0:>6} → {r1:<6}         {t0:>3} → {t1:<3}              {f0:>3} → {f1:<3}"
         );
+    }
+    if samples.len() >= 5 {
+        println!("wrapper daemon        RSS KiB at 0, ¼, ½, ¾ and all of the run   growth 1st half / 2nd half");
+        for (i, (pid, _)) in before.iter().enumerate() {
+            let at = |q: usize| samples[(samples.len() - 1) * q / 4][i];
+            let (a, b, c, d, e) = (at(0), at(1), at(2), at(3), at(4));
+            println!(
+                "  pid {pid:<8}          {a} {b} {c} {d} {e}                  {:+} / {:+}",
+                c as i64 - a as i64,
+                e as i64 - c as i64
+            );
+        }
     }
     // Let the metrics writers catch up before reading their files.
     std::thread::sleep(Duration::from_secs(6));
