@@ -135,6 +135,23 @@ fn sources_text(sources: &BTreeSet<Source>) -> String {
         .join(", ")
 }
 
+/// Every thread tied to more than one vCPU: a disagreement (`said` with `{tid}` replaced),
+/// and none of those vCPUs is tied to it.
+fn contest_shared_threads(r: &mut Resolution, by_tid: &BTreeMap<u32, BTreeSet<u32>>, said: &str) {
+    for (tid, ids) in by_tid.iter().filter(|(_, ids)| ids.len() > 1) {
+        r.disagreements.push(Disagreement {
+            index: None,
+            tids: vec![*tid],
+            message: format!(
+                "{} {}: none of them is tied to it",
+                said.replace("{tid}", &tid.to_string()),
+                tids_text(ids)
+            ),
+        });
+        r.contested.extend(ids.iter().copied());
+    }
+}
+
 fn tids_text(tids: &BTreeSet<u32>) -> String {
     tids.iter()
         .map(u32::to_string)
@@ -158,17 +175,11 @@ pub(crate) fn resolve(claims: &[Claim], known: Option<&IdSet>) -> Resolution {
             .insert(c.source);
         by_tid.entry(c.tid).or_default().insert(c.id);
     }
-    for (tid, ids) in by_tid.iter().filter(|(_, ids)| ids.len() > 1) {
-        r.disagreements.push(Disagreement {
-            index: None,
-            tids: vec![*tid],
-            message: format!(
-                "the kernel showed thread {tid} running vCPUs {}: none of them is tied to it",
-                tids_text(ids)
-            ),
-        });
-        r.contested.extend(ids.iter().copied());
-    }
+    contest_shared_threads(
+        &mut r,
+        &by_tid,
+        "the kernel showed thread {tid} running vCPUs",
+    );
     for (id, tids) in &by_id {
         if tids.len() > 1 {
             let said: Vec<String> = tids
@@ -264,17 +275,7 @@ pub(crate) fn resolve(claims: &[Claim], known: Option<&IdSet>) -> Resolution {
             weak_by_tid.entry(*tid).or_default().insert(*id);
         }
     }
-    for (tid, ids) in weak_by_tid.iter().filter(|(_, ids)| ids.len() > 1) {
-        r.disagreements.push(Disagreement {
-            index: None,
-            tids: vec![*tid],
-            message: format!(
-                "thread {tid} is claimed as vCPUs {}: none of them is tied to it",
-                tids_text(ids)
-            ),
-        });
-        r.contested.extend(ids.iter().copied());
-    }
+    contest_shared_threads(&mut r, &weak_by_tid, "thread {tid} is claimed as vCPUs");
     for (id, tids) in pending {
         if r.contested.contains(&id) {
             continue;
