@@ -1,0 +1,10 @@
+//go:build tools
+
+// The Kubernetes commands make k8s builds, kept in the module graph for go mod tidy.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
