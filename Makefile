@@ -14,7 +14,7 @@ CARGO ?= cargo
 # report with jq.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
-	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq
+	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq openssl iproute2
 
 # The cloud-hypervisor the VM-view tests run (v51.0, the version Kata 4.1 pins; Debian does not
 # package it): a path, or `none` to run the integration tests without those tests, which are
@@ -51,7 +51,7 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration vm-test bench soak fuzz \
+.PHONY: help deps build build-all build-release test lint unit integration vm-test k8s k8s-test bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
 
@@ -66,6 +66,8 @@ help:
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
+	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
+	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update.
@@ -162,6 +164,20 @@ $(VMLINUX): integration/guest-kernel.sh | deps
 # wrapper on the live topology, the Vagrant scenario. Report: target/vm-test/report.json.
 vm-test: build-all
 	bash integration/vm-test/run.sh
+
+# Kubernetes from source (k8s/): kubelet, kube-apiserver, kubectl at the version k8s/go.mod
+# pins and a one-member etcd, built with the local Go toolchain into a cache outside the tree
+# (KT_K8S_CACHE, default ~/.cache/kata-topo/k8s); a second run builds nothing.
+k8s:
+	@start=$$(date +%s); bash k8s/build.sh > /dev/null && echo "== make k8s took $$(( $$(date +%s) - start )) s"
+
+# The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,
+# containerd with the wrapper; etcd and kube-apiserver on this host. Report:
+# target/k8s-test/report.json.
+k8s-test: build-all k8s
+	@start=$$(date +%s); KT_K8S_BIN=$$(bash k8s/build.sh 2> /dev/null | tail -n 1) \
+	  KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-840} bash integration/vm-test/run.sh k8s-test; rc=$$?; \
+	  echo "== make k8s-test took $$(( $$(date +%s) - start )) s"; exit $$rc
 
 test: lint unit integration vm-test
 

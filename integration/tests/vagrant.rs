@@ -47,8 +47,11 @@ fn sh_scripts() -> Vec<PathBuf> {
 }
 
 fn shellcheck(script: &std::path::Path) {
+    // -x from the workspace root: a script's `# shellcheck source=` names a file from there.
     let out = Command::new("shellcheck")
+        .arg("-x")
         .arg(script)
+        .current_dir(workspace())
         .output()
         .expect("shellcheck (apt-get install shellcheck)");
     assert!(

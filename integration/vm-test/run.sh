@@ -16,12 +16,24 @@
 #
 # Environment: KT_VM_ACCEL=auto|kvm|tcg (default auto), KT_VM_TIMEOUT (seconds for the guest,
 # default 480), KT_VM_PROBE_TIMEOUT (seconds for the KVM probe, default 15).
+#
+#   run.sh [SCENARIO]   SCENARIO names a folder of integration/ with the guest's guest.sh
+#                       (default vm-test). Its optional host.sh, sourced here, adds to the
+#                       machine (scenario_memory_mib per NUMA node, scenario_qemu_args,
+#                       scenario_shares), starts what the guest reaches on the host
+#                       (scenario_up), stops it on every exit path (scenario_down), and adds
+#                       to the report (scenario_report, scenario_not_covered). Results go to
+#                       target/SCENARIO/.
 set -euo pipefail
 
 started=$(date +%s)
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-workspace=$(cd "${here}/../.." && pwd)
-out=${workspace}/target/vm-test
+workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+scenario=${1:-vm-test}
+case "${scenario}" in */* | .* | "") echo "run.sh: a scenario is a folder name under integration/" >&2; exit 2 ;; esac
+here=${workspace}/integration/${scenario}
+[ -f "${here}/guest.sh" ] || { echo "run.sh: no integration/${scenario}/guest.sh" >&2; exit 2; }
+vm=${workspace}/integration/vm-test
+out=${workspace}/target/${scenario}
 cache=${workspace}/target/vm-cache
 bins=${workspace}/target/debug
 images=${workspace}/target/kata-topo-images
@@ -30,11 +42,25 @@ guest_timeout=${KT_VM_TIMEOUT:-480}
 probe_timeout=${KT_VM_PROBE_TIMEOUT:-15}
 
 # The guest kernel's modules the initramfs loads, in this order (with their dependencies first):
-# the 9p shares, overlayfs for containerd's snapshotter, the NIC's own driver, and vfio-pci.
-modules=(virtio_pci 9pnet_virtio 9p overlay e1000e vfio_iommu_type1 vfio-pci)
+# the 9p shares, overlayfs for containerd's snapshotter, the NIC's own driver, vfio-pci, and
+# virtio-net for a scenario that reaches the host (k8s-test's API server).
+modules=(virtio_pci 9pnet_virtio 9p overlay e1000e vfio_iommu_type1 vfio-pci virtio_net)
 
-say() { printf 'vm-test: %s\n' "$*" >&2; }
+say() { printf '%s: %s\n' "${scenario}" "$*" >&2; }
 die() { say "error: $*"; exit 2; }
+
+# What a scenario's host.sh may set or define (vm-test's guest needs none of it).
+scenario_memory_mib=1024
+scenario_qemu_args=()
+scenario_shares=()
+scenario_not_covered=""
+scenario_up() { :; }
+scenario_down() { :; }
+scenario_report() { echo '{}'; }
+if [ -f "${here}/host.sh" ]; then
+  # shellcheck source=/dev/null
+  . "${here}/host.sh"
+fi
 
 # Scratch space (the initramfs, the unpacked package) inside the output directory: removed on
 # exit, and by the next run should this one be killed outright.
@@ -63,6 +89,7 @@ stop_qemu() {
 
 cleanup() {
   stop_qemu
+  scenario_down
   rm -rf "${tmp}"
 }
 trap cleanup EXIT
@@ -168,7 +195,7 @@ for applet in $("${busybox}" --list); do
   [ "${applet}" = busybox ] || ln -s busybox "${initramfs}/bin/${applet}"
 done
 cp -r "${kdir}/modules" "${initramfs}/modules"
-install -m 0755 "${here}/init" "${initramfs}/init"
+install -m 0755 "${vm}/init" "${initramfs}/init"
 (cd "${initramfs}" && find . | "${busybox}" cpio -o -H newc 2> /dev/null) | gzip -1 > "${tmp}/initrd.gz"
 
 # --- the images the guest's containerd imports -----------------------------------------------
@@ -182,8 +209,9 @@ fi
 qemu_args() { # ACCEL SERIAL APPEND
   local accel=$1 serial=$2 append=$3
   local args=(
-    -accel "${accel}" -machine "q35,kernel-irqchip=split" -cpu max -smp 2 -m 2G
-    -object "memory-backend-ram,id=m0,size=1G" -object "memory-backend-ram,id=m1,size=1G"
+    -accel "${accel}" -machine "q35,kernel-irqchip=split" -cpu max -smp 2 -m "$((2 * scenario_memory_mib))M"
+    -object "memory-backend-ram,id=m0,size=${scenario_memory_mib}M"
+    -object "memory-backend-ram,id=m1,size=${scenario_memory_mib}M"
     -numa "node,nodeid=0,cpus=0,memdev=m0" -numa "node,nodeid=1,cpus=1,memdev=m1"
     -device "intel-iommu,intremap=on,caching-mode=on"
     -device "pxb-pcie,id=pxb1,bus_nr=0x80,numa_node=1,bus=pcie.0"
@@ -191,9 +219,11 @@ qemu_args() { # ACCEL SERIAL APPEND
     -netdev "user,id=n1,restrict=on" -device "e1000e,bus=rp1,netdev=n1"
     -kernel "${kdir}/vmlinuz" -initrd "${tmp}/initrd.gz" -append "${append}"
     -display none -nodefaults -no-user-config -serial "file:${serial}" -no-reboot
+    "${scenario_qemu_args[@]}"
   )
-  local tag path mode options
-  for share in usr:/usr:ro etc:/etc:ro "workspace:${workspace}:ro" "results:${out}/guest:rw"; do
+  local tag path mode options share
+  for share in usr:/usr:ro etc:/etc:ro "workspace:${workspace}:ro" "results:${out}/guest:rw" \
+    "${scenario_shares[@]}"; do
     IFS=: read -r tag path mode <<< "${share}"
     options="local,id=fs_${tag},path=${path},security_model=none,multidevs=remap"
     if [ "${mode}" = ro ]; then options="${options},readonly=on"; fi
@@ -219,7 +249,11 @@ wait_qemu() { # -> qemu_rc
   qemu_pid=""
 }
 
-cmdline="console=ttyS0 intel_iommu=on panic=-1 quiet"
+cmdline="console=ttyS0 intel_iommu=on panic=-1 quiet kt_scenario=${scenario}"
+for share in "${scenario_shares[@]}"; do
+  IFS=: read -r tag _ <<< "${share}"
+  cmdline="${cmdline} kt_share=${tag}"
+done
 accel=tcg
 accel_detail="TCG (software emulation)"
 if [ "${accel_wanted}" = tcg ]; then
@@ -241,6 +275,7 @@ else
 fi
 [ "${accel}" = kvm ] || [ "${accel_wanted}" != kvm ] || die "KT_VM_ACCEL=kvm: ${accel_detail}"
 say "guest ${release} (${package} ${package_version}), ${accel_detail}"
+scenario_up
 
 run_qemu "${accel}" "${guest_timeout}" "${out}/serial.log" "${cmdline}"
 # The guest's progress lines, live; tail ends with QEMU's `timeout`.
@@ -265,7 +300,7 @@ fi
 # --- the report -------------------------------------------------------------------------------
 # Every step runs the same under TCG and KVM. What this guest cannot show under either: no VM
 # runs inside it (neither TCG nor this kind of host gives it nested virtualisation).
-not_covered="Kata itself: the delegate is runc, so the VM view and its rules (vcpu-*, guest-numa-uncovered) are not exercised here (integration/tests/vm.rs covers them against a real QEMU); the Kubernetes side of vagrant/test.sh (kubectl, the node condition, node-exporter over HTTP) runs only in the Vagrant VM"
+not_covered="${scenario_not_covered:-Kata itself: the delegate is runc, so the VM view and its rules (vcpu-*, guest-numa-uncovered) are not exercised here (integration/tests/vm.rs covers them against a real QEMU); the Kubernetes side of vagrant/test.sh (kubectl, the node condition, node-exporter over HTTP) runs only in the Vagrant VM}"
 # Every step the guest defines; one it never reported failed with the reason.
 mapfile -t names < <(bash "${here}/guest.sh" --list-steps)
 steps=${out}/guest/steps.jsonl
@@ -279,18 +314,20 @@ done
 json_or_null() { if jq -e . "$1" > /dev/null 2>&1; then cat "$1"; else echo null; fi; }
 json_or_null "${out}/guest/topology.json" > "${tmp}/topology.json"
 json_or_null "${out}/guest/vfio.json" > "${tmp}/vfio.json"
+scenario_report > "${tmp}/scenario.json" 2> /dev/null || echo '{}' > "${tmp}/scenario.json"
+jq -e 'type == "object"' "${tmp}/scenario.json" > /dev/null 2>&1 || echo '{}' > "${tmp}/scenario.json"
 jq -n \
   --arg accel "${accel}" --arg accel_detail "${accel_detail}" \
   --arg kernel "$(cat "${out}/guest/kernel.txt" 2> /dev/null || echo "${release}")" \
   --arg package "${package} ${package_version}" --arg guest_end "${guest_end}" \
   --slurpfile topology "${tmp}/topology.json" --slurpfile vfio "${tmp}/vfio.json" \
-  --slurpfile steps "${steps}" --argjson names "$(printf '%s\n' "${names[@]}" | jq -R . | jq -s .)" \
+  --slurpfile steps "${steps}" --slurpfile extra "${tmp}/scenario.json" --argjson names "$(printf '%s\n' "${names[@]}" | jq -R . | jq -s .)" \
   --argjson seconds "$(($(date +%s) - started))" \
   --arg not_covered "${not_covered}" \
   '{accel: $accel, accel_detail: $accel_detail, guest_kernel: $kernel, kernel_package: $package,
     guest: $guest_end, topology: $topology[0], vfio_device: $vfio[0],
     steps: [$names[] as $n | first($steps[] | select(.name == $n))],
-    not_covered: $not_covered, seconds: $seconds}
+    not_covered: $not_covered, seconds: $seconds} + $extra[0]
    | .passed = ([.steps[] | select(.pass == true)] | length) | .total = (.steps | length)' \
   > "${out}/report.json"
 
@@ -300,5 +337,5 @@ done
 passed=$(jq .passed "${out}/report.json")
 total=$(jq .total "${out}/report.json")
 say "report ${out}/report.json (${accel}, $(jq .seconds "${out}/report.json") s)"
-echo "vm-test: ${passed}/${total} steps pass"
+echo "${scenario}: ${passed}/${total} steps pass"
 [ "${passed}" = "${total}" ] && [ "${total}" -gt 0 ]

@@ -1,0 +1,543 @@
+#!/usr/bin/env bash
+# The k8s-test guest (integration/vm-test/run.sh k8s-test boots it): the vm-test machine (two
+# NUMA nodes: CPU 0 on node 0, CPU 1 on node 1; an e1000e on node 1 rebound to vfio-pci) made a
+# real Kubernetes node. containerd with the kata-topo handler delegating to runc, kata-topo's
+# VFIO device plugin, and the kubelet of make k8s with the static CPU manager (CPU 0 reserved),
+# the single-numa-node Topology Manager and the Static memory manager, registered with the
+# kube-apiserver on the host (10.0.2.100:6443, forwarded by QEMU). Every pod and every change
+# goes through kubectl; every in-place update the wrapper checks comes from the kubelet.
+#
+# Each step is appended to /vm-test-results/steps.jsonl as {name, pass, rules, detail}; the
+# rules are read from the wrapper's log and its state, never assumed; the detail carries the
+# kubectl evidence.
+#
+#   guest.sh --list-steps   the step names, one a line (the host's report lists them all)
+set -euo pipefail
+
+STEPS=(node guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
+  kubelet-containerd-restart pool-grows cleanup)
+
+if [ "${1:-}" = --list-steps ]; then
+  printf '%s\n' "${STEPS[@]}"
+  exit 0
+fi
+
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ws=/kata-topo
+results=/vm-test-results
+run=/run/kata-topo-vm
+bin=${ws}/target/debug
+sock=/run/containerd/containerd.sock
+log=/var/log/kata-topo.log
+state=/run/kata-topo
+metrics=/var/lib/prometheus/node-exporter
+k8s=/opt/k8s
+node=kata-topo-vm
+kubelet_root=/var/lib/kubelet
+export KT_CRI_DIR=${run}/cri
+
+# shellcheck source=integration/vm-test/guest-lib.sh
+. "${ws}/integration/vm-test/guest-lib.sh"
+
+k() { timeout 60 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig" "$@"; }
+
+# Polls COMMAND every second for at most SECONDS; its last output is in ${run}/poll.
+poll() { # SECONDS COMMAND...
+  local n=$1
+  shift
+  for _ in $(seq 1 "${n}"); do
+    if "$@" > "${run}/poll" 2>&1; then return 0; fi
+    sleep 1
+  done
+  return 1
+}
+
+# --- the node -------------------------------------------------------------------------------
+setup_network() {
+  local i dev=""
+  for i in /sys/class/net/*; do
+    if [ "$(basename "$(readlink "${i}/device/driver" 2> /dev/null)")" = virtio_net ]; then dev=${i##*/}; fi
+  done
+  [ -n "${dev}" ] || { setup_error="no virtio-net interface for the API server"; return 1; }
+  if ! { ip link set lo up && ip link set "${dev}" up && ip addr add 10.0.2.15/24 dev "${dev}" \
+    && ip route add default via 10.0.2.2; }; then
+    setup_error="cannot configure ${dev}"
+    return 1
+  fi
+}
+
+containerd_pid=""
+start_containerd() {
+  PATH="${run}/bin:${PATH}" KATA_TOPO_CONFIG="${run}/kata-topo.toml" \
+    containerd --config "${run}/containerd.toml" < /dev/null >> "${results}/containerd.log" 2>&1 &
+  containerd_pid=$!
+  poll 120 ctr -a "${sock}" version
+}
+
+setup_containerd() {
+  ln -sf "${bin}/containerd-shim-kata-topo-v2" "${run}/bin/containerd-shim-kata-topo-v2" || return 1
+  cat > "${run}/kata-topo.toml" << EOF
+[topology_guard]
+delegate_shim = "containerd-shim-runc-v2"
+mode = "audit"
+default_policy = "restricted"
+sysfs_root = "/sys"
+state_dir = "${state}"
+log_file = "${log}"
+metrics_dir = "${metrics}"
+topology_refresh_seconds = 5
+EOF
+  # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
+  # default; no CNI (host-network pods only).
+  cat > "${run}/containerd.toml" << EOF
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "${sock}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/kata-topo/pause:1"
+  stream_server_port = "0"
+  enable_selinux = false
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "${run}/cni/bin"
+    conf_dir = "${run}/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-topo]
+      runtime_type = "io.containerd.kata-topo.v2"
+      pod_annotations = ["kata-topo.io/*"]
+EOF
+  start_containerd || { setup_error="containerd did not come up: $(tail -n 3 "${results}/containerd.log")"; return 1; }
+  local image
+  for image in pause busybox; do
+    ctr -a "${sock}" -n k8s.io images import "${ws}/target/kata-topo-images/${image}.tar" > /dev/null \
+      || { setup_error="ctr images import ${image}.tar failed"; return 1; }
+  done
+  containerd --version > "${results}/containerd.version"
+  say "$(cat "${results}/containerd.version") up, images imported"
+}
+
+kubelet_pid=""
+start_kubelet() {
+  "${k8s}/kubelet" --config "${run}/kubelet.yaml" --kubeconfig "${results}/k8s/kubelet.kubeconfig" \
+    --root-dir "${kubelet_root}" --hostname-override "${node}" --node-ip 10.0.2.15 --v 2 \
+    < /dev/null >> "${results}/kubelet.log" 2>&1 &
+  kubelet_pid=$!
+}
+
+# The kubelet of a NUMA node: static CPU manager with CPU 0 reserved (allocatable: CPU 1, on
+# node 1), single-numa-node Topology Manager, Static memory manager (node 0 holds the reserved
+# memory); no server port (nothing on the host dials the node), eviction thresholds low enough
+# for a tmpfs root.
+setup_kubelet() {
+  cat > "${run}/kubelet.yaml" << EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+enableServer: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://${sock}
+cpuManagerPolicy: static
+cpuManagerReconcilePeriod: 10s
+reservedSystemCPUs: "0"
+topologyManagerPolicy: single-numa-node
+topologyManagerScope: container
+memoryManagerPolicy: Static
+systemReserved: {memory: 100Mi}
+evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%", imagefs.inodesFree: "1%"}
+reservedMemory:
+  - numaNode: 0
+    limits: {memory: 200Mi}
+failSwapOn: false
+resolvConf: ""
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+maxPods: 20
+EOF
+  "${k8s}/kubelet" --version > "${results}/k8s/kubelet.version" 2>&1 || true
+  "${k8s}/kubectl" version --client 2> /dev/null | sed -n 1p > "${results}/k8s/kubectl.version" || true
+  start_kubelet
+  poll 180 k get node "${node}" \
+    || { setup_error="the kubelet did not register: $(tail -n 3 "${results}/kubelet.log")"; return 1; }
+  say "$(cat "${results}/k8s/kubelet.version") registered node ${node}"
+  # What the RuntimeClass's scheduling asks of a node.
+  k label node "${node}" katacontainers.io/kata-runtime=true kata-topo.io/installed=true --overwrite > /dev/null \
+    || { setup_error="cannot label the node"; return 1; }
+  # The shipped RuntimeClass without its overhead: the delegate here is runc, no VM to pay
+  # for, and this node has one allocatable CPU.
+  sed '/^overhead:/,/^scheduling:/{/^scheduling:/!d}' "${ws}/deploy/kubernetes/runtimeclass.yaml" \
+    | k apply -f - > /dev/null || { setup_error="cannot create the RuntimeClass"; return 1; }
+}
+
+plugin_pid=""
+setup_device_plugin() {
+  [ -x "${bin}/kata-topo-device-plugin" ] || { setup_error="no ${bin}/kata-topo-device-plugin"; return 1; }
+  "${bin}/kata-topo-device-plugin" --device-plugin-dir "${kubelet_root}/device-plugins" \
+    < /dev/null >> "${results}/device-plugin.log" 2>&1 &
+  plugin_pid=$!
+  poll 120 node_field_is '{.status.allocatable.kata-topo\.io/vfio}' 1 \
+    || { setup_error="the node never advertised kata-topo.io/vfio: $(tail -n 3 "${results}/device-plugin.log")"; return 1; }
+  say "the device plugin advertises kata-topo.io/vfio: 1"
+}
+
+# --- pods -----------------------------------------------------------------------------------
+# pod NAME QOS [ANNOTATION...]: QOS guaranteed (1 CPU, 256Mi, the VFIO NIC) or burstable
+# (no CPU request, a 200m CPU limit, 64Mi/128Mi: the node's one allocatable CPU is the
+# Guaranteed pod's), on this node, runtime class kata-topo, host network.
+pod() {
+  local name=$1 qos=$2 resources annotations="" a
+  shift 2
+  for a in "$@"; do annotations="${annotations}    ${a%%=*}: \"${a#*=}\"\n"; done
+  case "${qos}" in
+    guaranteed) resources='requests: {cpu: "1", memory: 256Mi, kata-topo.io/vfio: "1"}
+        limits: {cpu: "1", memory: 256Mi, kata-topo.io/vfio: "1"}' ;;
+    *) resources='requests: {cpu: "0", memory: 64Mi}
+        limits: {cpu: 200m, memory: 128Mi}' ;;
+  esac
+  printf '%b' "apiVersion: v1
+kind: Pod
+metadata:
+  name: ${name}
+  annotations:
+    kata-topo.io/test: k8s-test
+${annotations}spec:
+  nodeName: ${node}
+  runtimeClassName: kata-topo
+  hostNetwork: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: app
+      image: localhost/kata-topo/busybox:1
+      imagePullPolicy: Never
+      command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while :; do sleep 1; done\"]
+      resources:
+        ${resources}
+" | k apply -f - > /dev/null
+}
+
+ready() { # NAME
+  [ "$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ]
+}
+
+# The latest verdict the wrapper keeps for pod NAME's container app (kata-topo status --json).
+verdict_of() { # NAME
+  "${bin}/kata-topo" status --state-dir "${state}" --json 2> /dev/null \
+    | jq -c --arg p "$1" '[.sandboxes[].verdicts[] | .[1]
+        | select(.pod.name == $p and .container_name == "app")] | last // empty'
+}
+
+# The host CPUs pod NAME's container runs on, as its cgroup says.
+cpuset_of() { # NAME
+  local id pid
+  id=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  id=${id#containerd://}
+  pid=$(ctr -a "${sock}" -n k8s.io tasks ls 2> /dev/null | awk -v id="${id}" '$1 == id { print $2 }')
+  [ -n "${pid}" ] || return 1
+  sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/${pid}/status"
+}
+
+memory_max_of() { # NAME: the memory limit in force in the container's cgroup
+  local id pid cg
+  id=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  id=${id#containerd://}
+  pid=$(ctr -a "${sock}" -n k8s.io tasks ls 2> /dev/null | awk -v id="${id}" '$1 == id { print $2 }')
+  [ -n "${pid}" ] || return 1
+  cg=$(sed -n 's/^0:://p' "/proc/${pid}/cgroup")
+  cat "/sys/fs/cgroup${cg}/memory.max"
+}
+
+# Whether the wrapper keeps a verdict for pod NAME's container app matching the jq FILTER.
+has_verdict() { # NAME FILTER
+  "${bin}/kata-topo" status --state-dir "${state}" --json 2> /dev/null \
+    | jq -e --arg p "$1" "[.sandboxes[].verdicts[] | .[1] | select(.pod.name == \$p and .container_name == \"app\") | select($2)] | length > 0" > /dev/null
+}
+
+# Whether kubectl's jsonpath PATH of pod NAME is VALUE (is_at_least: a number at least VALUE).
+pod_field_is() { [ "$(k get pod "$1" -o jsonpath="$2")" = "$3" ]; }
+pod_field_is_at_least() { local v; v=$(k get pod "$1" -o jsonpath="$2"); [ "${v:-0}" -ge "$3" ]; }
+pod_field_has() { k get pod "$1" -o jsonpath="$2" | grep -q -- "$3"; }
+node_field_is() { [ "$(k get node "${node}" -o jsonpath="$1")" = "$2" ]; }
+logged_since() { tail -n "+$(($1 + 1))" "${log}" | grep -qF -- "$2"; }
+
+findings_of() { # MARK POD: the number of finding lines logged for POD since MARK
+  tail -n "+$(($1 + 1))" "${log}" 2> /dev/null \
+    | jq -R -r --arg p "$2" 'fromjson? | select(.event == "finding" and .pod_name == $p) | .rule' | wc -l
+}
+
+# --- steps ----------------------------------------------------------------------------------
+step_node() {
+  local cpu vfio tm
+  cpu=$(k get node "${node}" -o jsonpath='{.status.allocatable.cpu}')
+  vfio=$(k get node "${node}" -o jsonpath='{.status.allocatable.kata-topo\.io/vfio}')
+  tm=$(grep -o 'topologyManagerPolicy: [a-z-]*' "${run}/kubelet.yaml")
+  local detail
+  detail="kubectl get node ${node}: allocatable cpu ${cpu}, kata-topo.io/vfio ${vfio}; ${tm}; $(cat "${results}/k8s/kubelet.version"); RuntimeClass $(k get runtimeclass kata-topo -o jsonpath='{.handler}')"
+  if [ "${cpu}" = 1 ] && [ "${vfio}" = 1 ]; then
+    record node true "" "${detail}"
+  else
+    record node false "" "expected allocatable cpu 1 and kata-topo.io/vfio 1: ${detail}"
+  fi
+}
+
+# (b, first half) A shared-pool pod runs on CPUs 0-1, both nodes; when the Guaranteed pod
+# takes CPU 1 the CPU manager's reconcile loop pushes it to CPU 0: a cpuset update within its
+# baseline, checked, not reported.
+shared_mark=0
+start_shared_pod() {
+  shared_mark=$(log_mark)
+  pod kt-shared burstable
+  poll 180 ready kt-shared || return 1
+  say "kt-shared runs on CPUs $(cpuset_of kt-shared)"
+}
+
+# (a) A Guaranteed pod with the VFIO NIC, admitted by the Topology Manager on node 1.
+step_guaranteed_admission() {
+  local mark rules cpus alloc dev
+  mark=$(log_mark)
+  pod kt-gpu guaranteed
+  if ! poll 240 ready kt-gpu; then
+    record guaranteed-admission false "" "kt-gpu not ready: $(k get pod kt-gpu -o jsonpath='{.status}' | cut -c 1-400)"
+    return 1
+  fi
+  cpus=$(cpuset_of kt-gpu || echo "?")
+  dev=$(k get pod kt-gpu -o jsonpath='{.spec.containers[0].resources.limits.kata-topo\.io/vfio}')
+  alloc=$(grep -o '"/dev/vfio/[0-9]*"' "${state}"/*/containers/app.json 2> /dev/null | sort -u | paste -sd ' ' - || true)
+  rules=$(rules_since "${mark}" '.pod_name == "kt-gpu"')
+  local detail
+  detail="kubectl: kt-gpu Ready, QoS $(k get pod kt-gpu -o jsonpath='{.status.qosClass}'), kata-topo.io/vfio ${dev}; runs on CPU ${cpus}; VFIO in its baseline: ${alloc:-none}"
+  if [ -z "${rules}" ] && [ "${cpus}" = 1 ]; then
+    record guaranteed-admission true "" "${detail}"
+  else
+    record guaranteed-admission false "${rules}" "expected CPU 1 and no finding: ${detail}"
+  fi
+}
+
+step_shared_pool_push() {
+  local v cpus rules
+  poll 60 has_verdict kt-shared '.operation == "update" and .class == "cpuset"' || true
+  v=$(verdict_of kt-shared)
+  cpus=$(cpuset_of kt-shared || echo "?")
+  rules=$(rules_since "${shared_mark}" '.pod_name == "kt-shared"')
+  local detail
+  detail="kt-shared now on CPU ${cpus}; its latest verdict: $(jq -c '{operation, class, decision, findings: [.findings[].rule]}' <<< "${v:-null}")"
+  if [ -n "${v}" ] && jq -e '.operation == "update" and .class == "cpuset" and (.findings | length == 0)' <<< "${v}" > /dev/null \
+    && [ "${cpus}" = 0 ] && [ -z "${rules}" ]; then
+    record shared-pool-push true "" "the kubelet pushed cpuset 0 (CPU manager reconcile); ${detail}"
+  else
+    record shared-pool-push false "${rules}" "expected a clean cpuset update to CPU 0: ${detail}"
+  fi
+}
+
+# (c) kt-late starts while the shared pool is CPU 0 (its baseline: node 0); a resize of its
+# memory limit beyond node 0's memory goes through in audit mode, and is reported.
+node0_mib() { jq '.numa_nodes[] | select(.os_index == 0) | .memory_bytes / 1048576 | floor' "${results}/topology.json"; }
+resize_memory() { # NAME MIB
+  k patch pod "$1" --subresource resize --type merge \
+    -p "{\"spec\":{\"containers\":[{\"name\":\"app\",\"resources\":{\"limits\":{\"memory\":\"$2Mi\"}}}]}}"
+}
+
+step_resize_audit() {
+  local mark ask rules applied events_pid status rc=0
+  pod kt-late burstable || true
+  poll 180 ready kt-late || { record resize-audit false "" "kt-late not ready"; return 1; }
+  "${bin}/kata-topo" events --address "${sock}" > "${run}/events" 2> /dev/null &
+  events_pid=$!
+  sleep 1
+  ask=$(($(node0_mib) + 256))
+  mark=$(log_mark)
+  resize_memory kt-late "${ask}" > "${run}/patch" 2>&1 || rc=$?
+  poll 120 pod_field_is kt-late '{.status.containerStatuses[0].resources.limits.memory}' "${ask}Mi" || true
+  applied=$(k get pod kt-late -o jsonpath='{.status.containerStatuses[0].resources.limits.memory}')
+  poll 20 grep -q memory-exceeds-nodes "${run}/events" || true
+  kill "${events_pid}" 2> /dev/null || true
+  rules=$(rules_since "${mark}" '.pod_name == "kt-late" and .operation == "update" and .decision == "allow"')
+  status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1 | grep kt-late -A 20 | grep -c memory-exceeds-nodes || true)
+  local metric
+  metric=$(cat "${metrics}"/kata-topo-*.prom 2> /dev/null | grep -c 'kata_topo_findings_total{.*rule="memory-exceeds-nodes"' || true)
+  local detail
+  detail="kubectl patch --subresource resize: memory limit ${ask}Mi (node 0 has $(node0_mib) MiB), exit ${rc}; status.containerStatuses[0].resources.limits.memory=${applied}; kata-topo events: $(grep -c memory-exceeds-nodes "${run}/events" || true) line(s); kata-topo status: ${status}; metric series: ${metric}"
+  if [ "${rules}" = memory-exceeds-nodes ] && [ "${applied}" = "${ask}Mi" ] && grep -q memory-exceeds-nodes "${run}/events" \
+    && [ "${metric}" -ge 1 ]; then
+    record resize-audit true "${rules}" "${detail}"
+  else
+    record resize-audit false "${rules}" "expected memory-exceeds-nodes, allowed, in the log, the events and the metrics: ${detail}"
+  fi
+}
+
+# (d) The same resize of an enforce pod: refused; the user sees why through kubectl.
+enforce_mark=0
+enforce_ask=0
+step_resize_enforce() {
+  local rules cond applied memmax
+  pod kt-enforce burstable kata-topo.io/mode=enforce || true
+  poll 180 ready kt-enforce || { record resize-enforce false "" "kt-enforce not ready"; return 1; }
+  enforce_ask=$(($(node0_mib) + 256))
+  enforce_mark=$(log_mark)
+  resize_memory kt-enforce "${enforce_ask}" > /dev/null 2>&1 || true
+  poll 120 pod_field_has kt-enforce '{.status.conditions[?(@.type=="PodResizeInProgress")].message}' kata-topo || true
+  cond=$(k get pod kt-enforce -o jsonpath='{.status.conditions[?(@.type=="PodResizeInProgress")]}')
+  k get pod kt-enforce -o json > "${results}/kt-enforce.json" 2> /dev/null || true
+  k get events --field-selector involvedObject.name=kt-enforce -o json > "${results}/kt-enforce-events.json" 2> /dev/null || true
+  applied=$(k get pod kt-enforce -o jsonpath='{.status.containerStatuses[0].resources.limits.memory}')
+  memmax=$(memory_max_of kt-enforce || echo "?")
+  rules=$(rules_since "${enforce_mark}" '.pod_name == "kt-enforce" and .operation == "update" and .decision == "reject"')
+  local detail
+  detail="kubectl get pod kt-enforce: PodResizeInProgress ${cond:-absent}; limits.memory in force ${applied}, cgroup memory.max ${memmax}"
+  if [ "${rules}" = memory-exceeds-nodes ] && grep -q 'kata-topo' <<< "${cond}" && grep -q 'memory-exceeds-nodes' <<< "${cond}" \
+    && [ "${applied}" = 128Mi ] && [ "${memmax}" = $((128 << 20)) ]; then
+    record resize-enforce true "${rules}" "$(cut -c 1-900 <<< "${detail}")"
+  else
+    record resize-enforce false "${rules}" "expected the refusal in the pod's resize condition and the old limit in force: $(cut -c 1-900 <<< "${detail}")"
+  fi
+}
+
+# (e) The container of kt-gpu killed: the kubelet restarts it in its running sandbox.
+step_container_restart() {
+  local id pid mark rules v restarts
+  id=$(k get pod kt-gpu -o jsonpath='{.status.containerStatuses[0].containerID}')
+  id=${id#containerd://}
+  mark=$(log_mark)
+  ctr -a "${sock}" -n k8s.io tasks kill -s KILL "${id}" > /dev/null 2>&1 \
+    || { record container-restart false "" "cannot kill ${id}"; return 1; }
+  poll 120 pod_field_is_at_least kt-gpu '{.status.containerStatuses[0].restartCount}' 1 || true
+  poll 120 ready kt-gpu || true
+  restarts=$(k get pod kt-gpu -o jsonpath='{.status.containerStatuses[0].restartCount}')
+  v=$(verdict_of kt-gpu)
+  rules=$(rules_since "${mark}" '.pod_name == "kt-gpu"')
+  local detail
+  detail="kubectl: kt-gpu restartCount ${restarts}, ready $(k get pod kt-gpu -o jsonpath='{.status.containerStatuses[0].ready}'), CPU $(cpuset_of kt-gpu || echo '?'); latest verdict: $(jq -c '{operation, decision, findings: [.findings[].rule]}' <<< "${v:-null}")"
+  if [ "${restarts:-0}" -ge 1 ] && [ -n "${v}" ] && jq -e '.operation == "recreate"' <<< "${v}" > /dev/null && [ -z "${rules}" ]; then
+    record container-restart true "" "${detail}"
+  else
+    record container-restart false "${rules}" "expected a clean recreate check: ${detail}"
+  fi
+}
+
+# (f) The kubelet restarted while the pods run, then containerd: checks go on, nothing is
+# announced twice, no wrapper is replaced.
+wrappers() {
+  local p argv0
+  for p in /proc/[0-9]*; do
+    argv0=""
+    read -r -d '' argv0 < "${p}/cmdline" 2> /dev/null || true
+    case "${argv0}" in *containerd-shim-kata-topo-v2) echo "${p##*/}" ;; esac
+  done | sort | paste -sd ' ' -
+}
+
+step_kubelet_containerd_restart() {
+  local before after mark findings running v
+  before=$(wrappers)
+  mark=$(log_mark)
+  kill -TERM "${kubelet_pid}" 2> /dev/null || true
+  wait "${kubelet_pid}" 2> /dev/null || true
+  start_kubelet
+  sleep 5
+  kill -TERM "${containerd_pid}" 2> /dev/null || true
+  wait "${containerd_pid}" 2> /dev/null || true
+  start_containerd || { record kubelet-containerd-restart false "" "containerd did not come back"; return 1; }
+  # Checks go on: a resize of kt-shared's CPU limit after both restarts.
+  k patch pod kt-shared --subresource resize --type merge \
+    -p '{"spec":{"containers":[{"name":"app","resources":{"limits":{"cpu":"300m"}}}]}}' > /dev/null 2>&1 || true
+  poll 120 has_verdict kt-shared '.class == "resize"' || true
+  v=$(verdict_of kt-shared)
+  running=$(k get pods -o jsonpath='{range .items[*]}{.metadata.name}={.status.phase}/{.status.containerStatuses[0].restartCount} {end}')
+  after=$(wrappers)
+  findings=$(tail -n "+$((mark + 1))" "${log}" | grep -c '"event":"finding"' || true)
+  local detail
+  detail="wrapper pids before [${before}] after [${after}]; pods ${running}; kt-shared's latest verdict: $(jq -c '{operation, class, decision}' <<< "${v:-null}"); findings logged across the restarts: ${findings}"
+  if [ "${before}" = "${after}" ] && [ -n "${before}" ] && [ "${findings}" = 0 ] \
+    && jq -e '.class == "resize"' <<< "${v:-null}" > /dev/null; then
+    record kubelet-containerd-restart true "" "${detail}"
+  else
+    record kubelet-containerd-restart false "" "expected the same wrappers, a new resize check and no finding: ${detail}"
+  fi
+}
+
+# (b, second half) kt-gpu deleted: the shared pool grows back to CPUs 0-1, and the CPU
+# manager pushes it to every shared-pool container; for kt-late (baseline node 0) that crosses
+# into node 1 and is reported; kt-enforce's push is refused, and the kubelet retries it.
+step_pool_grows() {
+  local mark rules late enforce retries
+  mark=$(log_mark)
+  k delete pod kt-gpu --wait=true --timeout=120s > /dev/null 2>&1 || true
+  poll 90 logged_since "${mark}" '"pod_name":"kt-late"' || true
+  sleep 12
+  late=$(cpuset_of kt-late || echo "?")
+  enforce=$(cpuset_of kt-enforce || echo "?")
+  rules=$(rules_since "${mark}" '.pod_name == "kt-late" and .operation == "update" and .class == "cpuset"')
+  retries=$(grep -c 'kt-enforce.*kata-topo\|UpdateContainerResources.*FailedPrecondition' "${results}/kubelet.log" || true)
+  local detail
+  detail="kt-gpu deleted; kt-late now on CPUs ${late} ($(rules_since "${mark}" '.pod_name == "kt-late"')); kt-enforce on ${enforce} ($(rules_since "${mark}" '.pod_name == "kt-enforce" and .decision == "reject"') refused); kubelet log lines about the refusals: ${retries}"
+  if [ "${rules}" = cpu-outside-intent ] && [ "${late}" = 0-1 ] && [ "${enforce}" = 0 ]; then
+    record pool-grows true "${rules}" "${detail}"
+  else
+    record pool-grows false "${rules}" "expected cpu-outside-intent for kt-late's push to 0-1 and kt-enforce kept on 0: ${detail}"
+  fi
+}
+
+# (g) Every pod deleted with kubectl: nothing left. Also: the enforce pod's refusals, retried
+# by the kubelet all along, were announced once.
+step_cleanup() {
+  local once left=""
+  once=$(findings_of "${enforce_mark}" kt-enforce)
+  k delete pods --all --wait=true --timeout=180s > /dev/null 2>&1 || true
+  for _ in $(seq 1 150); do
+    left=$(leftovers)
+    [ -z "${left}" ] && break
+    sleep 0.2
+  done
+  local status rc=0
+  status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1 | head -n 1) || rc=$?
+  local detail
+  detail="kubectl delete pods --all; pods left: $(k get pods -o name | wc -l); kt-enforce's finding lines over the run: ${once}; kata-topo status exit ${rc}: ${status}"
+  if [ -z "${left}" ] && [ "${rc}" = 0 ]; then
+    record cleanup true "" "${detail}; no shim process, socket, state or metrics left"
+  else
+    record cleanup false "" "${detail}; left: $(paste -sd ';' - <<< "${left}" | cut -c 1-600)"
+  fi
+}
+
+# --- the run ----------------------------------------------------------------------------------
+main() {
+  say "kernel $(uname -r), $(nproc) CPUs, NUMA nodes $(cat /sys/devices/system/node/online)"
+  uname -r -v > "${results}/kernel.txt"
+  mkdir -p "${run}/bin" "${kubelet_root}"
+  if ! setup_mounts; then fail_rest "setup: mounting cgroup2, devpts, shm failed"; return 1; fi
+  if ! setup_network; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_vfio; then fail_rest "setup: ${setup_error}"; return 1; fi
+  "${bin}/kata-topo" topology --json > "${results}/topology.json" 2> /dev/null || true
+  if ! setup_containerd; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_kubelet; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_device_plugin; then fail_rest "setup: ${setup_error}"; return 1; fi
+  step_node || true
+  start_shared_pod || true
+  step_guaranteed_admission || true
+  step_shared_pool_push || true
+  step_resize_audit || true
+  step_resize_enforce || true
+  step_container_restart || true
+  step_kubelet_containerd_restart || true
+  step_pool_grows || true
+  step_cleanup || true
+  fail_rest "the step ended without recording a result"
+  for p in "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
+    if [ -n "${p}" ]; then kill "${p}" 2> /dev/null || true; fi
+  done
+  ! grep -q '"pass":false' "${results}/steps.jsonl"
+}
+
+case "${1:-}" in
+  --scenario) main ;;
+  *)
+    echo "guest.sh runs as PID 1 of the k8s-test guest (make k8s-test); --list-steps lists its steps" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The host's side of make k8s-test, sourced by integration/vm-test/run.sh k8s-test: etcd and
+# kube-apiserver run here, natively, and the guest (the node: kubelet, containerd, the wrapper,
+# the device plugin) reaches the API server through one forwarded port.
+#
+# Why the control plane is on the host: under TCG every instruction of the guest is emulated,
+# and kube-apiserver with etcd is the heaviest thing in the cluster while being no part of what
+# kata-topo checks; on the host they serve in about a second and leave the guest's two emulated
+# CPUs to the kubelet, containerd and the pods. The guest's network stays closed
+# (`restrict=on`): its second NIC (virtio-net) reaches nothing but 10.0.2.100:6443, which QEMU
+# forwards to the API server on this host's loopback.
+#
+# Needs KT_K8S_BIN (the directory of make k8s's binaries). Writes the cluster's credentials
+# under target/k8s-test/pki (removed at the end) and the guest's under target/k8s-test/guest/k8s.
+# shellcheck disable=SC2034,SC2154 # the scenario_* variables, out, say and die are run.sh's
+set -euo pipefail
+
+k8s_bin=${KT_K8S_BIN:-}
+if [ -z "${k8s_bin}" ] || [ ! -x "${k8s_bin}/kube-apiserver" ]; then
+  die "KT_K8S_BIN names no directory with make k8s's binaries (make k8s-test sets it)"
+fi
+for tool in openssl busybox; do
+  command -v "${tool}" > /dev/null || die "${tool} is missing (make deps installs it)"
+done
+
+# The guest: 1.5 GiB per NUMA node (the kubelet, containerd and the pods), make k8s's
+# binaries read-only on /opt/k8s.
+scenario_memory_mib=1536
+scenario_shares=("k8s:${k8s_bin}:ro")
+scenario_not_covered="Kata itself: the delegate is runc (no Kata guest boots here), so the VM view's rules are not exercised (integration/tests/vm.rs covers them against a real QEMU); the control plane runs on the host, not in the node; no CNI (host-network pods, the node stays NotReady), no controller-manager or scheduler (pods are placed by spec.nodeName)"
+
+pki=${out}/pki
+control=${out}/control
+etcd_pid=""
+apiserver_pid=""
+api_port=""
+
+free_port() { # a TCP port nothing on this host's loopback listens on
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    if ! (exec 3<> "/dev/tcp/127.0.0.1/${p}") 2> /dev/null; then
+      echo "${p}"
+      return 0
+    fi
+  done
+  return 1
+}
+
+stop_pid() { # PID
+  [ -n "$1" ] || return 0
+  kill -TERM "$1" 2> /dev/null || true
+  for _ in $(seq 1 50); do
+    kill -0 "$1" 2> /dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$1" 2> /dev/null || true
+  wait "$1" 2> /dev/null || true
+}
+
+scenario_down() {
+  stop_pid "${apiserver_pid}"
+  apiserver_pid=""
+  stop_pid "${etcd_pid}"
+  etcd_pid=""
+  rm -rf "${pki}" "${control}/etcd"
+}
+
+kubeconfig() { # SERVER TOKEN CA -> a kubeconfig on stdout
+  cat << EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kata-topo-test
+  cluster:
+    server: $1
+    certificate-authority-data: $(base64 -w0 < "$3")
+users:
+- name: user
+  user:
+    token: $2
+contexts:
+- name: kata-topo-test
+  context: {cluster: kata-topo-test, user: user}
+current-context: kata-topo-test
+EOF
+}
+
+scenario_up() {
+  local started_up
+  started_up=$(date +%s)
+  rm -rf "${pki}" "${control}"
+  mkdir -p "${pki}" "${control}" "${out}/guest/k8s"
+  chmod 0700 "${pki}"
+  # A CA of this run only, the API server's certificate for the host's loopback and the
+  # guest's forwarded address, the service-account keys, and two tokens: the operator
+  # (system:masters) and the node (system:node:kata-topo-vm in system:nodes, so the Node
+  # authorizer and RBAC give the kubelet exactly a node's rights).
+  (
+    cd "${pki}"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
+      -subj /CN=kata-topo-test-ca
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj /CN=kube-apiserver
+    printf 'subjectAltName=IP:127.0.0.1,IP:10.0.2.100,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n' > san
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt \
+      -days 2 -extfile san
+    openssl genrsa -out sa.key 2048
+    openssl rsa -in sa.key -pubout -out sa.pub
+  ) > "${control}/openssl.log" 2>&1 || die "making the test cluster's certificates failed: $(tail -n 3 "${control}/openssl.log")"
+  local admin_token node_token
+  admin_token=$(openssl rand -hex 16)
+  node_token=$(openssl rand -hex 16)
+  printf '%s,admin,admin,system:masters\n%s,system:node:kata-topo-vm,node-kata-topo-vm,system:nodes\n' \
+    "${admin_token}" "${node_token}" > "${pki}/tokens.csv"
+
+  local etcd_port peer_port
+  if ! { etcd_port=$(free_port) && peer_port=$(free_port) && api_port=$(free_port); }; then
+    die "no free port on the loopback"
+  fi
+  setpriv --pdeathsig KILL "${k8s_bin}/etcd" --data-dir "${control}/etcd" \
+    --listen-client-url "http://127.0.0.1:${etcd_port}" --listen-peer-url "http://127.0.0.1:${peer_port}" \
+    < /dev/null > "${control}/etcd.log" 2>&1 &
+  etcd_pid=$!
+  setpriv --pdeathsig KILL "${k8s_bin}/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:${etcd_port}" \
+    --bind-address 127.0.0.1 --secure-port "${api_port}" --advertise-address 10.0.2.100 \
+    --tls-cert-file "${pki}/apiserver.crt" --tls-private-key-file "${pki}/apiserver.key" \
+    --client-ca-file "${pki}/ca.crt" --token-auth-file "${pki}/tokens.csv" \
+    --authorization-mode Node,RBAC --disable-admission-plugins ServiceAccount \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "${pki}/sa.pub" --service-account-signing-key-file "${pki}/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/24 --profiling=false \
+    < /dev/null > "${control}/kube-apiserver.log" 2>&1 &
+  apiserver_pid=$!
+  kubeconfig "https://127.0.0.1:${api_port}" "${admin_token}" "${pki}/ca.crt" > "${control}/admin.kubeconfig"
+  local ready=""
+  for _ in $(seq 1 600); do
+    kill -0 "${apiserver_pid}" 2> /dev/null || break
+    if "${k8s_bin}/kubectl" --kubeconfig "${control}/admin.kubeconfig" get --raw /readyz > /dev/null 2>&1; then
+      ready=1
+      break
+    fi
+    sleep 0.1
+  done
+  [ -n "${ready}" ] || die "kube-apiserver did not become ready: $(tail -n 5 "${control}/kube-apiserver.log")"
+  # The guest's view: the same cluster at the forwarded address.
+  kubeconfig https://10.0.2.100:6443 "${admin_token}" "${pki}/ca.crt" > "${out}/guest/k8s/admin.kubeconfig"
+  kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
+  cp "${pki}/ca.crt" "${out}/guest/k8s/ca.crt"
+  "${k8s_bin}/etcd" --version > "${out}/guest/k8s/etcd.version" 2>&1 || true
+  "${k8s_bin}/kube-apiserver" --version > "${out}/guest/k8s/kube-apiserver.version" 2>&1 || true
+  say "etcd and kube-apiserver up on the host's loopback in $(($(date +%s) - started_up)) s"
+  # QEMU, restricted: each guest connection to 10.0.2.100:6443 runs one relay to the API server.
+  scenario_qemu_args=(
+    -netdev "user,id=api,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:busybox nc 127.0.0.1 ${api_port}"
+    -device "virtio-net-pci,netdev=api,bus=pcie.0"
+  )
+}
+
+scenario_report() {
+  local v
+  jq -n \
+    --arg kubelet "$(cat "${out}/guest/k8s/kubelet.version" 2> /dev/null || echo unknown)" \
+    --arg kubectl "$(cat "${out}/guest/k8s/kubectl.version" 2> /dev/null || echo unknown)" \
+    --arg apiserver "$(cat "${out}/guest/k8s/kube-apiserver.version" 2> /dev/null || echo unknown)" \
+    --arg etcd "$(v=$(cat "${out}/guest/k8s/etcd.version" 2> /dev/null) && echo "${v}" || echo unknown)" \
+    --arg containerd "$(cat "${out}/guest/containerd.version" 2> /dev/null || echo unknown)" \
+    '{versions: {kubelet: $kubelet, kubectl: $kubectl, "kube-apiserver": $apiserver, etcd: $etcd, containerd: $containerd}}'
+}
