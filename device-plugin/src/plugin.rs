@@ -2,7 +2,7 @@
 //! that leaves `vfio-pci` turns `Unhealthy` rather than vanishing), and the `DevicePlugin`
 //! service over it. The logic is in plain methods ([`Plugin::allocate`],
 //! [`Plugin::preferred_allocation`]); the tonic trait is a thin adapter, and the one
-//! [`From<AllocateError> for Status`] decides the gRPC codes.
+//! `From<AllocateError> for Status` decides the gRPC codes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
