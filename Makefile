@@ -48,7 +48,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 PROFILE ?= release
 KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
-BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook
+BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps build build-all build-release test lint unit integration vm-test k8s k8s-test bench soak fuzz \

@@ -136,6 +136,126 @@ fn kubernetes_and_npd_files_parse_and_say_what_they_should() {
     assert_eq!(plugin["rules"][0]["args"][0], "status");
 }
 
+/// The device plugin's DaemonSet and systemd unit: what they run is the installed binary, with
+/// flags the real binary accepts (run here with `--once` on a generated sysfs tree), the kubelet's
+/// directory writable, the host's /sys read-only, and no privilege.
+#[test]
+fn the_device_plugin_daemonset_and_unit_run_the_binary_with_flags_it_accepts() {
+    let text = std::fs::read_to_string(deploy("device-plugin/daemonset.yaml")).expect("read");
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("YAML document"))
+        .collect();
+    assert_eq!(docs.len(), 1);
+    let ds = &docs[0];
+    assert_eq!(ds["kind"].as_str(), Some("DaemonSet"));
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    let c = &pod["containers"][0];
+    assert!(c["image"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("localhost/kata-topo/device-plugin:")));
+    assert!(matches!(
+        c["imagePullPolicy"].as_str(),
+        Some("IfNotPresent" | "Never")
+    ));
+    assert_eq!(c["securityContext"]["privileged"].as_bool(), Some(false));
+    assert_eq!(
+        c["securityContext"]["allowPrivilegeEscalation"].as_bool(),
+        Some(false)
+    );
+    let mounts: Vec<(&str, &str, bool)> = c["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().expect("name"),
+                m["mountPath"].as_str().expect("mountPath"),
+                m["readOnly"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    let host_path = |name: &str| {
+        pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .and_then(|v| v["hostPath"]["path"].as_str())
+            .map(str::to_string)
+    };
+    for (name, path, read_only) in &mounts {
+        match host_path(name).as_deref() {
+            Some("/var/lib/kubelet/device-plugins") => {
+                assert_eq!(*path, "/var/lib/kubelet/device-plugins");
+                assert!(!read_only);
+            }
+            Some("/sys") => assert!(*read_only, "/sys is mounted read-only"),
+            other => panic!("unexpected mount {name}: {other:?}"),
+        }
+    }
+    assert_eq!(mounts.len(), 2);
+
+    // The DaemonSet's command, with its sysfs root swapped for a generated tree, lists the
+    // tree's VFIO device.
+    let command: Vec<String> = c["command"]
+        .as_sequence()
+        .expect("command")
+        .iter()
+        .map(|a| a.as_str().expect("string").to_string())
+        .collect();
+    assert_eq!(command[0], "/usr/local/bin/kata-topo-device-plugin");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = kata_topo_core::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
+    tree.add_device(
+        "0000:80:00.0".parse().expect("bdf"),
+        1,
+        Some("vfio-pci"),
+        Some("42"),
+    )
+    .expect("device");
+    let mut args: Vec<String> = command[1..]
+        .iter()
+        .map(|a| {
+            if a.starts_with("--sysfs-root=") {
+                format!("--sysfs-root={}", tree.root().display())
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    args.push("--once".into());
+    let plugin = kata_topo_integration::bin_dir().join("kata-topo-device-plugin");
+    let out = Command::new(&plugin)
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", plugin.display()));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(listed["resource_name"], "kata-topo.io/vfio");
+    assert_eq!(listed["devices"][0]["id"], "0000:80:00.0");
+    assert_eq!(listed["devices"][0]["numa_node"], 1);
+
+    let unit = std::fs::read_to_string(deploy("device-plugin/kata-topo-device-plugin.service"))
+        .expect("read unit");
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("the unit sets {key}"))
+    };
+    assert_eq!(value("ExecStart"), "/usr/local/bin/kata-topo-device-plugin");
+    assert_eq!(value("ReadWritePaths"), "-/var/lib/kubelet/device-plugins");
+    assert_eq!(value("CapabilityBoundingSet"), "");
+    assert_eq!(value("WantedBy"), "multi-user.target");
+}
+
 fn npd(rel: &str) -> Value {
     serde_json::from_slice(&std::fs::read(deploy(rel)).expect("read")).expect("JSON")
 }
@@ -294,6 +414,9 @@ fn make_install_and_uninstall_leave_nothing_behind() {
         "usr/local/bin/containerd-shim-kata-topo-v2",
         "usr/local/bin/kata-topo",
         "usr/local/bin/kata-topo-hook",
+        "usr/local/bin/kata-topo-device-plugin",
+        "usr/local/share/kata-topo/device-plugin/daemonset.yaml",
+        "usr/local/share/kata-topo/device-plugin/kata-topo-device-plugin.service",
         "opt/kata/share/defaults/kata-containers/configuration-kata-topo.toml",
         "usr/local/share/kata-topo/containerd/kata-topo-config-v2.toml",
         "usr/local/share/kata-topo/node-problem-detector/kata-topo-plugin-monitor.json",
