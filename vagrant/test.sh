@@ -157,7 +157,7 @@ resize() {
   if [ "${KT_TARGET}" = local ]; then
     cri update "${ctr}" --cpus "${KT_HOME_CPUS}" --quota 150000 --memory 402653184
   else
-    kubectl patch "pod/$1" --subresource resize --type merge \
+    kubectl patch "pod/$1" --subresource resize --type strategic \
       -p '{"spec":{"containers":[{"name":"app","resources":{"limits":{"cpu":"1500m","memory":"384Mi"}}}]}}'
   fi
 }

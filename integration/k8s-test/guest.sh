@@ -340,7 +340,7 @@ step_shared_pool_push() {
 # memory limit beyond node 0's memory goes through in audit mode, and is reported.
 node0_mib() { jq '.numa_nodes[] | select(.os_index == 0) | .memory_bytes / 1048576 | floor' "${results}/topology.json"; }
 resize_memory() { # NAME MIB
-  k patch pod "$1" --subresource resize --type merge \
+  k patch pod "$1" --subresource resize --type strategic \
     -p "{\"spec\":{\"containers\":[{\"name\":\"app\",\"resources\":{\"limits\":{\"memory\":\"$2Mi\"}}}]}}"
 }
 
@@ -444,7 +444,7 @@ step_kubelet_containerd_restart() {
   wait "${containerd_pid}" 2> /dev/null || true
   start_containerd || { record kubelet-containerd-restart false "" "containerd did not come back"; return 1; }
   # Checks go on: a resize of kt-shared's CPU limit after both restarts.
-  k patch pod kt-shared --subresource resize --type merge \
+  k patch pod kt-shared --subresource resize --type strategic \
     -p '{"spec":{"containers":[{"name":"app","resources":{"limits":{"cpu":"300m"}}}]}}' > /dev/null 2>&1 || true
   poll 120 has_verdict kt-shared '.class == "resize"' || true
   v=$(verdict_of kt-shared)
