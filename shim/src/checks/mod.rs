@@ -22,7 +22,7 @@ use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::process::ProcessId;
 use kata_topo_core::request::ContainerKind;
-use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{VmReader, VmView};
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
@@ -413,7 +413,27 @@ impl PodChecks {
         }))
     }
 
-    /// Counts, keeps, announces and decides a verdict.
+    /// The one place every verdict goes — a request's, what the VM view found after one, a
+    /// check that could not run: counted (metrics), kept as the latest of its kind (the state
+    /// mirror, which `kata-topo status` and node-problem-detector read), and, when it is news,
+    /// logged and published.
+    fn deliver(&self, of: VerdictOf, verdict: &Verdict, took: Duration) {
+        self.sinks.metrics.observe(verdict, took);
+        let news = match &of {
+            VerdictOf::Request(task) => self.announcer.should_announce(task, verdict),
+            VerdictOf::Vm(task) => self
+                .announcer
+                .should_announce(&format!("{task}/vm"), verdict),
+            VerdictOf::Pod => self.announcer.should_announce("@pod", verdict),
+        };
+        self.store.save_verdict(of, verdict);
+        if news {
+            log_verdict(&self.sinks.log, verdict);
+            self.sinks.events.mismatch(verdict);
+        }
+    }
+
+    /// Delivers a request's verdict and decides the request.
     fn finish(
         &self,
         task_id: &str,
@@ -421,12 +441,11 @@ impl PodChecks {
         started: Instant,
         accept: Option<OnAccept>,
     ) -> Outcome {
-        self.sinks.metrics.observe(&verdict, started.elapsed());
-        self.store.save_verdict(task_id, &verdict);
-        if self.announcer.should_announce(task_id, &verdict) {
-            log_verdict(&self.sinks.log, &verdict);
-            self.sinks.events.mismatch(&verdict);
-        }
+        self.deliver(
+            VerdictOf::Request(task_id.to_string()),
+            &verdict,
+            started.elapsed(),
+        );
         if verdict.decision == Decision::Reject {
             return Outcome::Refuse(ShimError::Rejected(verdict.refusal()));
         }
@@ -532,18 +551,15 @@ impl PodChecks {
         verdict.decide();
         // Observed after the fact: nothing to refuse any more, whatever the mode.
         verdict.decision = Decision::Allow;
-        self.sinks.metrics.observe(&verdict, started.elapsed());
-        if self
-            .announcer
-            .should_announce(&format!("{task_id}/vm"), &verdict)
-        {
-            log_verdict(&self.sinks.log, &verdict);
-            self.sinks.events.mismatch(&verdict);
-        }
+        self.deliver(
+            VerdictOf::Vm(task_id.to_string()),
+            &verdict,
+            started.elapsed(),
+        );
     }
 
     /// Reports a check that could not run at all (it panicked): a `check-failed` verdict for
-    /// the pod, logged and counted. The request it belonged to went on unchecked.
+    /// the pod, delivered like any other. The request it belonged to went on unchecked.
     pub(crate) fn report_failure(&self, method: &str, reason: &str) {
         let operation = match method {
             "Update" => Operation::Update,
@@ -552,8 +568,7 @@ impl PodChecks {
         let mut v = failed_verdict(None, operation, None, self.defaults(), reason);
         v.sandbox_id = Some(self.group.clone());
         v.decision = Decision::Allow;
-        self.sinks.metrics.observe(&v, Duration::ZERO);
-        log_verdict(&self.sinks.log, &v);
+        self.deliver(VerdictOf::Pod, &v, Duration::ZERO);
     }
 
     /// Records who serves the pod: this daemon, and the delegate (its pid as the delegate

@@ -8,9 +8,15 @@ use std::collections::HashMap;
 
 use std::sync::Mutex;
 
-use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::{Baseline, Verdict};
 use kata_topo_sinks::Persist;
+
+/// The mirror's key for a verdict file: a later write of the same file replaces one still
+/// waiting.
+fn verdict_key(of: &VerdictOf) -> String {
+    format!("verdict/{}", of.file_name())
+}
 
 /// Whose baseline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,8 +94,12 @@ impl PodStore {
     /// Forgets a task (its container's baseline stays for a recreate).
     pub(crate) fn remove_task(&self, id: &str) -> Option<TaskRecord> {
         let record = self.with(|m| m.tasks.remove(id));
-        // A removal replaces the task's writes still waiting (its record and its verdict).
-        for key in [format!("task/{id}"), format!("verdict/{id}")] {
+        // A removal replaces the task's writes still waiting (its record and its verdicts).
+        for key in [
+            format!("task/{id}"),
+            verdict_key(&VerdictOf::Request(id.to_string())),
+            verdict_key(&VerdictOf::Vm(id.to_string())),
+        ] {
             let id = id.to_string();
             self.mirror(key, move |f| f.remove_task(&id));
         }
@@ -120,10 +130,11 @@ impl PodStore {
         }
     }
 
-    /// Keeps a task's latest verdict (for `kata-topo status`).
-    pub(crate) fn save_verdict(&self, task_id: &str, v: &Verdict) {
-        let (id, v) = (task_id.to_string(), v.clone());
-        self.mirror(format!("verdict/{id}"), move |f| f.save_verdict(&id, &v));
+    /// Keeps the latest verdict of a task's request, of its VM, or of the pod (for
+    /// `kata-topo status`).
+    pub(crate) fn save_verdict(&self, of: VerdictOf, v: &Verdict) {
+        let v = v.clone();
+        self.mirror(verdict_key(&of), move |f| f.save_verdict_of(&of, &v));
     }
 
     /// Records who serves the pod.

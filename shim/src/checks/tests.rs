@@ -1,4 +1,4 @@
-use super::testing::{pod, pod_with};
+use super::testing::{pod, pod_configured, pod_with};
 use super::*;
 use crate::ttrpc::Code;
 
@@ -205,4 +205,70 @@ fn the_vm_is_observed_after_a_create() {
         .expect("vCPUs on node 0, the pod on node 1");
     assert_eq!(drift["operation"], "update");
     assert_eq!(drift["decision"], "allow");
+}
+
+/// What the VM view finds after the delegate applied a request goes where every other verdict
+/// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
+/// custom plugin) beside the verdict of the request itself, which it does not replace.
+#[test]
+fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
+    // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
+    let procfs = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/tests/fixtures/vmm/qemu-kvm/proc"
+    );
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!("procfs_root = \"{procfs}\"\n"),
+        true,
+    );
+    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
+        other => panic!("create: {other:?}"),
+    }
+    let logged = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.lines().iter().any(|l| l["rule"] == "vcpu-affinity-drift")
+    });
+    assert!(logged, "{:#?}", p.lines());
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let pods = kata_topo_core::state::list(
+        p.checks
+            .state_dir()
+            .parent()
+            .and_then(Path::parent)
+            .expect("state_dir"),
+    )
+    .expect("state");
+    assert_eq!(pods.len(), 1);
+    let rules: Vec<(String, Rule)> = pods[0]
+        .verdicts
+        .iter()
+        .flat_map(|(task, v)| v.findings.iter().map(move |f| (task.clone(), f.rule)))
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .any(|(task, rule)| task.starts_with("c1") && *rule == Rule::VcpuAffinityDrift),
+        "kept for kata-topo status: {rules:?}"
+    );
+    // The create's own verdict is still there: the observation is kept beside it.
+    assert!(
+        pods[0]
+            .verdicts
+            .iter()
+            .any(|(task, v)| task == "c1" && v.operation == Operation::Create),
+        "{:?}",
+        pods[0].verdicts
+    );
+    let counted = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.metrics()
+            .contains("rule=\"vcpu-affinity-drift\",severity=\"error\"} 1")
+    });
+    assert!(counted, "{}", p.metrics());
 }
