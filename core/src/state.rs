@@ -137,9 +137,13 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 }
 
 impl GroupState {
-    /// The state of one pod, created if missing.
+    /// The state of one pod, created if missing. `state_dir` must be trusted as the topology
+    /// cache's directory is ([`crate::files::Dir::open_private`]: no symbolic link on its
+    /// path, owned by this user, writable by nobody else); otherwise nothing is read or
+    /// written there and the error says why ([`crate::files::is_untrusted`] tells it from
+    /// a directory that could not be made).
     pub fn open(state_dir: &Path, namespace: &str, group: &str) -> io::Result<Self> {
-        mkdir_private(state_dir)?;
+        crate::files::Dir::open_private(state_dir, Some(0o700))?;
         let dir = state_dir.join(safe_name(namespace)).join(safe_name(group));
         for sub in ["containers", "tasks", "verdicts"] {
             mkdir_private(&dir.join(sub))?;
@@ -154,8 +158,10 @@ impl GroupState {
         }
     }
 
-    /// The state of one pod if it exists; nothing is created.
+    /// The state of one pod if it exists in a trusted `state_dir` (as [`GroupState::open`]
+    /// checks it); nothing is created.
     pub fn existing(state_dir: &Path, namespace: &str, group: &str) -> Option<Self> {
+        crate::files::Dir::open_private(state_dir, None).ok()?;
         let s = Self::at(state_dir, namespace, group);
         s.dir.is_dir().then_some(s)
     }

@@ -139,11 +139,20 @@ impl PodChecks {
             file,
             source,
         } = resolved;
-        let files = GroupState::open(&config.state_dir, namespace, group).unwrap_or_else(|e| {
-            slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
-                "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
-            GroupState::at(&config.state_dir, namespace, group)
-        });
+        let files = match GroupState::open(&config.state_dir, namespace, group) {
+            Ok(files) => Some(files),
+            // Someone else could have written it: nothing there is read, nothing written.
+            Err(e) if kata_topo_core::files::is_untrusted(&e) => {
+                slog::error!(sinks.log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
+                    "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
+                None
+            }
+            Err(e) => {
+                slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
+                    "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
+                Some(GroupState::at(&config.state_dir, namespace, group))
+            }
+        };
         let log = sinks.log.clone();
         let persist = Persist::start(sinks.drops.clone(), move |key, e| {
             slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
@@ -607,7 +616,10 @@ impl PodChecks {
     /// Where the pod's state lives.
     #[cfg(test)]
     pub(crate) fn state_dir(&self) -> PathBuf {
-        self.store.dir().to_path_buf()
+        self.store
+            .dir()
+            .map(Path::to_path_buf)
+            .expect("the pod's state is mirrored")
     }
 }
 

@@ -37,21 +37,24 @@ struct Memory {
 /// One pod's records.
 #[derive(Debug)]
 pub(crate) struct PodStore {
-    files: GroupState,
+    /// The mirror's files; `None` when the state directory is not trusted (nothing is read
+    /// from it or written to it then).
+    files: Option<GroupState>,
     memory: Mutex<Memory>,
     persist: Persist,
 }
 
 impl PodStore {
-    /// The records of a pod, starting from what a previous daemon left in `files`.
-    pub(crate) fn open(files: GroupState, persist: Persist) -> Self {
-        let mut memory = Memory {
-            sandbox: files.sandbox_baseline().ok().flatten(),
-            ..Memory::default()
-        };
-        if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
-            memory.containers = pod.containers.into_iter().collect();
-            memory.tasks = pod.tasks.into_iter().collect();
+    /// The records of a pod, starting from what a previous daemon left in `files`; without
+    /// files, from nothing, and kept in memory only.
+    pub(crate) fn open(files: Option<GroupState>, persist: Persist) -> Self {
+        let mut memory = Memory::default();
+        if let Some(files) = &files {
+            memory.sandbox = files.sandbox_baseline().ok().flatten();
+            if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
+                memory.containers = pod.containers.into_iter().collect();
+                memory.tasks = pod.tasks.into_iter().collect();
+            }
         }
         Self {
             files,
@@ -69,14 +72,15 @@ impl PodStore {
         key: String,
         job: impl FnOnce(&GroupState) -> std::io::Result<()> + Send + 'static,
     ) {
-        let files = self.files.clone();
-        self.persist.put(key, move || job(&files));
+        if let Some(files) = self.files.clone() {
+            self.persist.put(key, move || job(&files));
+        }
     }
 
-    /// Where the files are.
+    /// Where the files are, when there are any.
     #[cfg(test)]
-    pub(crate) fn dir(&self) -> &std::path::Path {
-        self.files.dir()
+    pub(crate) fn dir(&self) -> Option<&std::path::Path> {
+        self.files.as_ref().map(GroupState::dir)
     }
 
     /// A task's record.
@@ -146,7 +150,8 @@ impl PodStore {
     pub(crate) fn remove_all(&self) {
         self.with(|m| *m = Memory::default());
         let files = self.files.clone();
-        self.persist.close(move || files.remove_all());
+        self.persist
+            .close(move || files.map_or(Ok(()), |f| f.remove_all()));
     }
 
     /// The mirror, to wait on it.

@@ -272,3 +272,93 @@ fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
     });
     assert!(counted, "{}", p.metrics());
 }
+
+/// A state directory someone else could have written (another owner, group or others may
+/// write it, or a symbolic link on its path) is never used: nothing planted there is read,
+/// nothing is written there, the checks run from memory and the log says why.
+#[test]
+fn an_untrusted_state_dir_is_never_used_and_the_log_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    for case in [
+        "writable by others",
+        "another owner",
+        "a symlink on its path",
+    ] {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let real = outside.path().join("real");
+        std::fs::create_dir(&real).expect("dir");
+        let state = real.join("state");
+        std::fs::create_dir(&state).expect("state");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        // A planted baseline on node 0: were it believed, the push to CPU 0 would be clean.
+        let planted = state.join("k8s.io/sb1/containers");
+        std::fs::create_dir_all(&planted).expect("plant");
+        std::fs::write(
+            planted.join("app.json"),
+            serde_json::json!({
+                "version": 1, "sandbox_id": "sb1", "container_name": "app", "cpus": "0",
+                "mems": null, "cpu_nodes": "0", "devices": [], "topology_fingerprint": ""
+            })
+            .to_string(),
+        )
+        .expect("plant");
+        let (configured, why) = match case {
+            "writable by others" => {
+                std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777))
+                    .expect("chmod");
+                (state.clone(), "0777")
+            }
+            "another owner" => {
+                std::os::unix::fs::chown(&state, Some(65534), None).expect("chown");
+                (state.clone(), "uid 65534")
+            }
+            _ => {
+                std::os::unix::fs::symlink(&real, outside.path().join("link")).expect("link");
+                (outside.path().join("link/state"), "symbolic link")
+            }
+        };
+        let before = files_under(&state);
+        let p = pod_with("enforce", Some(&configured), true);
+        p.create();
+        let app = p
+            .checks
+            .store
+            .baseline(&BaselineOf::Container("app".into()))
+            .expect("a baseline");
+        assert_eq!(
+            app.cpus.map(|c| c.to_string()).as_deref(),
+            Some("1"),
+            "{case}: the planted baseline was read"
+        );
+        assert!(
+            matches!(p.update(CROSS), Outcome::Refuse(_)),
+            "{case}: the planted baseline was believed"
+        );
+        assert!(p
+            .checks
+            .flush_state(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(files_under(&state), before, "{case}: written into");
+        let lines = p.lines();
+        let said = lines.iter().find(|l| l["event"] == "state-untrusted");
+        let said = said.unwrap_or_else(|| panic!("{case}: no state-untrusted line: {lines:#?}"));
+        let error = said["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{case}: {error}");
+    }
+}
+
+/// Every file and directory under `dir`, with its size.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("list").flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).expect("meta");
+            if meta.is_dir() {
+                todo.push(e.path());
+            }
+            out.push((e.path(), meta.len()));
+        }
+    }
+    out.sort();
+    out
+}
