@@ -362,3 +362,31 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     out.sort();
     out
 }
+
+/// The node's `mode = "enforce"` is not the pod's to switch off: a pod annotated
+/// `kata-topo.io/mode: audit` and `kata-topo.io/policy: none` still has its cross-node push
+/// refused, and the log names each ignored annotation.
+#[test]
+fn a_pod_annotation_cannot_switch_the_nodes_enforcement_off() {
+    let p = pod("enforce");
+    let config = p.dir.path().join("bundle/config.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).expect("spec")).expect("json");
+    spec["annotations"]["kata-topo.io/mode"] = "audit".into();
+    spec["annotations"]["kata-topo.io/policy"] = "none".into();
+    std::fs::write(&config, spec.to_string()).expect("spec");
+    p.create();
+    match p.update(CROSS) {
+        Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
+        other => panic!("the pod switched enforcement off: {other:?}"),
+    }
+    let lines = p.lines();
+    for annotation in ["kata-topo.io/mode", "kata-topo.io/policy"] {
+        assert!(
+            lines.iter().any(|l| l["rule"] == "override-ignored"
+                && l["observed"]["annotation"] == annotation
+                && l["decision"] == "reject"),
+            "{annotation}: {lines:#?}"
+        );
+    }
+}
