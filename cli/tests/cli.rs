@@ -267,16 +267,83 @@ fn check_exit_codes_and_verdict_json() {
     assert_eq!(code(&out), 1);
     assert_eq!(stdout_json(&out)["decision"], "reject");
 
-    // --policy overrides the annotation: under none, the push is not a finding.
-    let out = check(&[
-        "--spec",
-        s(&spec),
-        "--update",
-        s(&scenario("cpuset-push.json")),
-        "--policy",
-        "none",
-    ]);
+    // --policy is the node's: the pod's stricter annotation (single-numa-node) still applies
+    // over none, unless the node lets pods override nothing.
+    let update = scenario("cpuset-push.json");
+    let push = |extra: &[&str]| {
+        let mut args = vec![
+            "--spec",
+            s(&spec),
+            "--update",
+            s(&update),
+            "--policy",
+            "none",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        check(&args)
+    };
+    let out = push(&[]);
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(stdout_json(&out)["policy"], "single-numa-node");
+    let out = push(&["--pod-overrides", "none"]);
     assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stdout));
+    let v = stdout_json(&out);
+    assert_eq!(v["policy"], "none");
+    let ignored: Vec<&str> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["rule"] == "override-ignored")
+        .map(|f| f["observed"]["annotation"].as_str().expect("annotation"))
+        .collect();
+    assert_eq!(ignored, ["kata-topo.io/policy", "kata-topo.io/numa-nodes"]);
+}
+
+/// `check` shows what the wrapper decides on a node in enforce mode: the pod's
+/// `kata-topo.io/mode: audit` is ignored (`override-ignored`) and the push refused, unless the
+/// node lets pods weaken it (`--pod-overrides any`).
+#[test]
+fn check_holds_a_weakening_annotation_to_the_nodes_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(scenario("trainer.json")).expect("spec"))
+            .expect("json");
+    spec["annotations"]["kata-topo.io/mode"] = "audit".into();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, spec.to_string()).expect("write");
+    let run = |overrides: &str| {
+        check(&[
+            "--spec",
+            s(&path),
+            "--update",
+            s(&scenario("cpuset-push.json")),
+            "--mode",
+            "enforce",
+            "--pod-overrides",
+            overrides,
+            "--json",
+        ])
+    };
+    let out = run("stricter-only");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(
+        (&v["mode"], &v["decision"]),
+        (&"enforce".into(), &"reject".into())
+    );
+    let f = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["rule"] == "override-ignored")
+        .expect("override-ignored");
+    assert_eq!(f["observed"]["annotation"], "kata-topo.io/mode");
+    assert_eq!(f["severity"], "warning");
+    let out = run("any");
+    assert_eq!(stdout_json(&out)["decision"], "allow");
+    let out = run("sometimes");
+    assert_eq!(code(&out), 2);
 }
 
 #[test]

@@ -393,13 +393,12 @@ impl TopologyCache {
 
     /// Loads the file for `key`, or says why not.
     fn read(&self, key: &CacheKey) -> Result<(Host, PathBuf), Miss> {
-        let dir = match Dir::open(&self.dir) {
+        let dir = match Dir::open_private(&self.dir, None) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Miss::Absent),
-            Err(e) => return Err(Miss::Untrusted(format!("{}: {e}", self.dir.display()))),
+            // The error names the directory, or the component of its path, and why.
+            Err(e) => return Err(Miss::Untrusted(e.to_string())),
         };
-        dir.check_private()
-            .map_err(|e| Miss::Untrusted(e.to_string()))?;
         let name = key.file_name();
         let bytes = match dir.read_private(&name, MAX_XML_BYTES) {
             Ok(b) => b,
@@ -446,8 +445,7 @@ impl TopologyCache {
     /// Writes the XML for `key` and removes the files of earlier keys.
     fn store(&self, key: &CacheKey, xml: &str) -> Result<PathBuf, String> {
         let shown = |e: std::io::Error| format!("{}: {e}", self.dir.display());
-        let dir = Dir::create(&self.dir, 0o700).map_err(shown)?;
-        dir.check_private().map_err(|e| e.to_string())?;
+        let dir = Dir::open_private(&self.dir, Some(0o700)).map_err(|e| e.to_string())?;
         let name = key.file_name();
         dir.write_atomic(&name, xml.as_bytes(), 0o600)
             .map_err(shown)?;

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::host::TopologySource;
-use crate::{Defaults, Mode, Policy};
+use crate::{Defaults, Mode, PodOverrides, Policy};
 use serde::Deserialize;
 
 /// The environment variable naming a configuration file.
@@ -109,6 +109,10 @@ pub struct Config {
     /// and rediscovered when the machine changes (see [`crate::cache`]).
     #[serde(default = "default_true")]
     pub topology_cache: bool,
+    /// How far a pod's `kata-topo.io/*` annotations may move `mode`, `default_policy` and the
+    /// baseline's nodes: `stricter-only` (default), `any` or `none` ([`crate::PodOverrides`]).
+    #[serde(default)]
+    pub pod_overrides: PodOverrides,
 }
 
 fn default_true() -> bool {
@@ -130,6 +134,7 @@ impl Default for Config {
             fail_closed: false,
             topology_refresh_seconds: default_refresh(),
             topology_cache: true,
+            pod_overrides: PodOverrides::default(),
         }
     }
 }
@@ -194,6 +199,7 @@ impl Config {
             policy: self.default_policy,
             mode: self.mode,
             fail_closed: self.fail_closed,
+            pod_overrides: self.pod_overrides,
         }
     }
 
@@ -351,6 +357,7 @@ metrics_dir = "/var/lib/node-exporter"
 fail_closed = true
 topology_refresh_seconds = 5
 topology_cache = false
+pod_overrides = "none"
 "#,
         )
         .expect("valid");
@@ -372,6 +379,8 @@ topology_cache = false
         assert!(c.fail_closed);
         assert_eq!(c.topology_refresh_seconds, 5);
         assert!(!c.topology_cache);
+        assert_eq!(c.pod_overrides, PodOverrides::None);
+        assert_eq!(c.defaults().pod_overrides, PodOverrides::None);
     }
 
     #[test]
@@ -383,6 +392,7 @@ topology_cache = false
         assert_eq!(c.default_policy, Policy::Restricted);
         assert_eq!(c.state_dir, Path::new("/run/kata-topo"));
         assert!(c.topology_cache);
+        assert_eq!(c.pod_overrides, PodOverrides::StricterOnly);
     }
 
     #[test]
@@ -392,6 +402,11 @@ topology_cache = false
         let e = parse("[topology_guard]\nmode = \"loud\"\n").expect_err("bad value");
         assert!(
             e.to_string().contains("mode") && e.to_string().contains("loud"),
+            "{e}"
+        );
+        let e = parse("[topology_guard]\npod_overrides = \"weaker\"\n").expect_err("bad value");
+        assert!(
+            e.to_string().contains("pod_overrides") && e.to_string().contains("weaker"),
             "{e}"
         );
         let e = parse("[topology_guard]\nfail_closed = \"yes\"\n").expect_err("bad type");

@@ -58,6 +58,75 @@ impl Dir {
         })
     }
 
+    /// Opens `path` as a directory that only this process's effective user controls, or says
+    /// why it is not one: no component of the path is a symbolic link (each is opened with
+    /// `O_NOFOLLOW`, from `/` down, so none is followed), and the directory belongs to this
+    /// user and nobody else may write in it ([`Dir::check_private`]). With `create`, missing
+    /// components are made with that mode on the way. The topology cache and the state
+    /// directory are opened through here: one check for both.
+    ///
+    /// A directory that fails the check is an error of kind `PermissionDenied` that
+    /// [`is_untrusted`] recognises; anything else (missing, not a directory, a full disk) is
+    /// the OS's error.
+    pub fn open_private(path: &Path, create: Option<u32>) -> io::Result<Self> {
+        use std::path::Component;
+        if !path.is_absolute() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not an absolute path", path.display()),
+            ));
+        }
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut fd = rustix::fs::open("/", flags, Mode::empty())?;
+        let mut walked = PathBuf::from("/");
+        for component in path.components() {
+            let name = match component {
+                Component::RootDir | Component::CurDir => continue,
+                Component::Normal(name) => name,
+                Component::ParentDir | Component::Prefix(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: `..` is not allowed here", path.display()),
+                    ))
+                }
+            };
+            walked.push(name);
+            let mut opened = rustix::fs::openat(&fd, name, flags, Mode::empty());
+            if let (Err(rustix::io::Errno::NOENT), Some(mode)) = (&opened, create) {
+                match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(with_path(e.into(), &walked)),
+                }
+                opened = rustix::fs::openat(&fd, name, flags, Mode::empty());
+            }
+            fd = match opened {
+                Ok(next) => next,
+                Err(e @ (rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR)) => {
+                    let link = rustix::fs::statat(&fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                        .is_ok_and(|st| {
+                            rustix::fs::FileType::from_raw_mode(st.st_mode)
+                                == rustix::fs::FileType::Symlink
+                        });
+                    if link {
+                        return Err(untrusted(format!(
+                            "{}: {} is a symbolic link, which is not followed here",
+                            path.display(),
+                            walked.display()
+                        )));
+                    }
+                    return Err(with_path(e.into(), &walked));
+                }
+                Err(e) => return Err(with_path(e.into(), &walked)),
+            };
+        }
+        let dir = Self {
+            fd,
+            path: path.to_path_buf(),
+        };
+        dir.check_private()?;
+        Ok(dir)
+    }
+
     /// Creates `path` (and missing parents, with `mode`), then opens it.
     pub fn create(path: &Path, mode: u32) -> io::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
@@ -133,12 +202,8 @@ impl Dir {
     /// put there.
     pub fn check_private(&self) -> io::Result<()> {
         let st = rustix::fs::fstat(&self.fd)?;
-        private(&st, "directory").map_err(|why| {
-            io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{}: {why}", self.path.display()),
-            )
-        })
+        private(&st, "directory")
+            .map_err(|why| untrusted(format!("{}: {why}", self.path.display())))
     }
 
     /// Reads `name` whole, at most `limit` bytes, when it is a regular file (never through a
@@ -167,9 +232,7 @@ impl Dir {
                 format!("{name}: not a regular file"),
             ));
         }
-        private(&st, "file").map_err(|why| {
-            io::Error::new(io::ErrorKind::PermissionDenied, format!("{name}: {why}"))
-        })?;
+        private(&st, "file").map_err(|why| untrusted(format!("{name}: {why}")))?;
         // A regular file: blocking reads from here on.
         rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY)?;
         crate::fsutil::read_to_limit(File::from(fd), limit)
@@ -198,6 +261,26 @@ impl Dir {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Why a directory or file is not trusted: someone other than this process's user could have
+/// put or changed what is in it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Untrusted(String);
+
+fn untrusted(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, Untrusted(why))
+}
+
+/// Whether an error says a directory or file is not trusted (rather than that it could not be
+/// read or made).
+pub fn is_untrusted(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Untrusted>())
+}
+
+fn with_path(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 /// Why a file or directory with this status is not private to this process's effective user.
@@ -357,6 +440,63 @@ mod tests {
             .check_private()
             .expect_err("world-writable, sticky or not");
         assert!(e.to_string().contains("1777"), "{e}");
+    }
+
+    #[test]
+    fn a_private_directory_is_reached_through_no_symlink_and_trusted_only_when_private() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let made = tmp.path().join("a/b/state");
+        let dir = Dir::open_private(&made, Some(0o700)).expect("made on the way");
+        assert_eq!(dir.path(), made);
+        for d in ["a", "a/b", "a/b/state"] {
+            let mode = std::fs::metadata(tmp.path().join(d))
+                .expect("meta")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "{d}");
+        }
+        Dir::open_private(&made, None).expect("there now");
+        let e = Dir::open_private(&tmp.path().join("missing"), None).expect_err("missing");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(!is_untrusted(&e), "{e}");
+
+        // A symlink anywhere on the path: at the end, or a directory above.
+        std::os::unix::fs::symlink(tmp.path().join("a"), tmp.path().join("l")).expect("link");
+        std::os::unix::fs::symlink(&made, tmp.path().join("s")).expect("link");
+        for (via, link) in [("l/b/state", "l"), ("s", "s")] {
+            let e = Dir::open_private(&tmp.path().join(via), Some(0o700)).expect_err(via);
+            assert!(is_untrusted(&e), "{via}: {e}");
+            assert!(
+                e.to_string().contains(&format!(
+                    "{} is a symbolic link",
+                    tmp.path().join(link).display()
+                )),
+                "{via}: {e}"
+            );
+        }
+        // Nothing was made through the link.
+        assert!(Dir::open_private(&tmp.path().join("l/new"), Some(0o700)).is_err());
+        assert!(!tmp.path().join("a/new").exists());
+
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o770)).expect("chmod");
+        let e = Dir::open_private(&made, None).expect_err("group-writable");
+        assert!(is_untrusted(&e) && e.to_string().contains("0770"), "{e}");
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::chown(&made, Some(65534), None).expect("chown");
+        let e = Dir::open_private(&made, None).expect_err("another owner");
+        assert!(
+            is_untrusted(&e) && e.to_string().contains("uid 65534"),
+            "{e}"
+        );
+
+        // A file on the path is not a directory, not a trust question.
+        std::fs::write(tmp.path().join("f"), "x").expect("file");
+        let e = Dir::open_private(&tmp.path().join("f/state"), Some(0o700)).expect_err("file");
+        assert!(!is_untrusted(&e), "{e}");
+        for bad in ["relative/state", "/tmp/../tmp"] {
+            let e = Dir::open_private(Path::new(bad), None).expect_err(bad);
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad}");
+        }
     }
 
     #[test]

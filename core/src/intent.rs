@@ -8,6 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::check::Defaults;
 use crate::host::{Bdf, Host};
 use crate::idset::IdSet;
 use crate::verdict::{Finding, Rule, Severity};
@@ -78,8 +79,10 @@ impl fmt::Display for Policy {
     }
 }
 
-/// Whether an `error` finding refuses the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+/// Whether an `error` finding refuses the request. Ordered by strictness: `audit` < `enforce`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Report and forward.
@@ -109,6 +112,89 @@ impl fmt::Display for Mode {
     }
 }
 
+/// How far a pod's `kata-topo.io/*` annotations may move what the node's configuration sets
+/// (`pod_overrides` in `[topology_guard]`): the operator's configuration is the ceiling of
+/// what a pod may weaken.
+///
+/// "Stricter" means: for `mode`, `enforce` over `audit`; for `policy`, a policy under which no
+/// rule weighs less than under the configured one, read off the severity table
+/// ([`crate::check::at_least_as_strict`]: none < restricted < single-numa-node,
+/// best-effort < restricted, and none and best-effort not comparable, since best-effort
+/// turns `none`'s hard errors into warnings); for `numa-nodes`, a subset of the nodes the
+/// container's baseline allows (any nodes of the host when there is no baseline yet, as at a
+/// first create). An annotation that is not allowed is ignored — the configured value, or the
+/// baseline's nodes, stand — and an `override-ignored` finding names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodOverrides {
+    /// Annotations apply when they are at least as strict as the configuration.
+    #[default]
+    StricterOnly,
+    /// Annotations apply whatever they say, weaker ones too.
+    Any,
+    /// Annotations never apply: the configuration (and the baseline) alone decide.
+    None,
+}
+
+impl FromStr for PodOverrides {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "stricter-only" => Ok(Self::StricterOnly),
+            "any" => Ok(Self::Any),
+            "none" => Ok(Self::None),
+            _ => Err(choice_error(s, "stricter-only, any, none")),
+        }
+    }
+}
+
+impl fmt::Display for PodOverrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::StricterOnly => "stricter-only",
+            Self::Any => "any",
+            Self::None => "none",
+        })
+    }
+}
+
+impl PodOverrides {
+    /// Whether an annotation asking for a value at least as strict as the configuration's
+    /// (`stricter`) applies.
+    fn allows(self, stricter: bool) -> bool {
+        match self {
+            Self::Any => true,
+            Self::StricterOnly => stricter,
+            Self::None => false,
+        }
+    }
+
+    /// Why an annotation is ignored under this setting.
+    fn refusal(self) -> &'static str {
+        match self {
+            Self::StricterOnly => "it would weaken what the node's configuration sets",
+            Self::Any | Self::None => "pods may not override the node's configuration",
+        }
+    }
+}
+
+/// The `override-ignored` finding for an annotation that does not apply: what it asked, what
+/// applies instead, and the setting that decided.
+fn ignored(key: &str, value: &str, applies: serde_json::Value, overrides: PodOverrides) -> Finding {
+    let shown: String = value.chars().take(64).collect();
+    Finding {
+        rule: Rule::OverrideIgnored,
+        severity: Severity::Warning,
+        message: format!(
+            "annotation {key}={shown:?} is ignored: {}; {applies} applies \
+             (pod_overrides = \"{overrides}\" in the node's [topology_guard])",
+            overrides.refusal()
+        ),
+        expected: json!({"annotation": key, "applies": applies, "pod_overrides": overrides.to_string()}),
+        observed: json!({"annotation": key, "value": shown}),
+    }
+}
+
 /// The pod's intent, resolved from annotations over configured defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Intent {
@@ -121,13 +207,16 @@ pub struct Intent {
 }
 
 impl Intent {
-    /// Reads the three annotations over the defaults. An invalid value is never ignored: it
-    /// becomes an `intent-invalid` error finding naming the annotation and the value, and the
-    /// default stands in for it. Nodes the host does not have are invalid too.
+    /// Reads the three annotations over the node's configuration (`defaults`). An invalid
+    /// value is never ignored: it becomes an `intent-invalid` error finding naming the
+    /// annotation and the value, and the default stands in for it. Nodes the host does not
+    /// have are invalid too. A valid value applies only as far as `defaults.pod_overrides`
+    /// allows (see [`PodOverrides`]; `baseline_nodes` are the nodes the container's baseline
+    /// allows); one that does not is ignored with an `override-ignored` finding.
     pub fn from_annotations(
         annotations: &BTreeMap<String, String>,
-        default_policy: Policy,
-        default_mode: Mode,
+        defaults: &Defaults,
+        baseline_nodes: Option<&IdSet>,
         host: &Host,
     ) -> (Self, Vec<Finding>) {
         let mut findings = Vec::new();
@@ -145,26 +234,30 @@ impl Intent {
             });
         };
         let policy = match annotations.get(ANNOTATION_POLICY) {
-            None => default_policy,
-            Some(v) => v.parse().unwrap_or_else(|e: ChoiceError| {
-                invalid(
-                    ANNOTATION_POLICY,
-                    v,
-                    format!("expected one of {}", e.expected),
-                );
-                default_policy
-            }),
+            None => None,
+            Some(v) => v
+                .parse()
+                .map_err(|e: ChoiceError| {
+                    invalid(
+                        ANNOTATION_POLICY,
+                        v,
+                        format!("expected one of {}", e.expected),
+                    );
+                })
+                .ok(),
         };
         let mode = match annotations.get(ANNOTATION_MODE) {
-            None => default_mode,
-            Some(v) => v.parse().unwrap_or_else(|e: ChoiceError| {
-                invalid(
-                    ANNOTATION_MODE,
-                    v,
-                    format!("expected one of {}", e.expected),
-                );
-                default_mode
-            }),
+            None => None,
+            Some(v) => v
+                .parse()
+                .map_err(|e: ChoiceError| {
+                    invalid(
+                        ANNOTATION_MODE,
+                        v,
+                        format!("expected one of {}", e.expected),
+                    );
+                })
+                .ok(),
         };
         let numa_nodes = match annotations.get(ANNOTATION_NUMA_NODES) {
             None => None,
@@ -203,6 +296,33 @@ impl Intent {
                 }
             },
         };
+        let (policy, mode, mut ignored_findings) = Self::within(policy, mode, defaults);
+        let overrides = defaults.pod_overrides;
+        let numa_nodes = match numa_nodes {
+            None => None,
+            Some(set) => {
+                let stricter = baseline_nodes.is_none_or(|b| set.is_subset(b));
+                let same = baseline_nodes == Some(&set);
+                if overrides.allows(stricter) {
+                    Some(set)
+                } else {
+                    if !same {
+                        let applies = match baseline_nodes {
+                            Some(b) => json!({"numa_nodes": b, "from": "the baseline"}),
+                            None => json!({"numa_nodes": "any"}),
+                        };
+                        ignored_findings.push(ignored(
+                            ANNOTATION_NUMA_NODES,
+                            &set.to_string(),
+                            applies,
+                            overrides,
+                        ));
+                    }
+                    None
+                }
+            }
+        };
+        findings.append(&mut ignored_findings);
         (
             Self {
                 policy,
@@ -211,6 +331,47 @@ impl Intent {
             },
             findings,
         )
+    }
+
+    /// The policy and mode in force when a pod asks for these (valid) values: each applies
+    /// as far as `defaults.pod_overrides` allows, else the configured one stands and an
+    /// `override-ignored` finding says so.
+    pub fn within(
+        policy: Option<Policy>,
+        mode: Option<Mode>,
+        defaults: &Defaults,
+    ) -> (Policy, Mode, Vec<Finding>) {
+        let overrides = defaults.pod_overrides;
+        let mut findings = Vec::new();
+        let policy = match policy {
+            Some(p) if overrides.allows(crate::check::at_least_as_strict(p, defaults.policy)) => p,
+            // Asking for what is configured anyway changes nothing: nothing to say.
+            Some(p) if p == defaults.policy => p,
+            Some(p) => {
+                findings.push(ignored(
+                    ANNOTATION_POLICY,
+                    &p.to_string(),
+                    json!({"policy": defaults.policy.to_string()}),
+                    overrides,
+                ));
+                defaults.policy
+            }
+            None => defaults.policy,
+        };
+        let mode = match mode {
+            Some(m) if overrides.allows(m >= defaults.mode) || m == defaults.mode => m,
+            Some(m) => {
+                findings.push(ignored(
+                    ANNOTATION_MODE,
+                    &m.to_string(),
+                    json!({"mode": defaults.mode.to_string()}),
+                    overrides,
+                ));
+                defaults.mode
+            }
+            None => defaults.mode,
+        };
+        (policy, mode, findings)
     }
 }
 
@@ -343,7 +504,14 @@ mod tests {
             default_mode in prop::sample::select(vec![Mode::Audit, Mode::Enforce]),
         ) {
             let host = host();
-            let (intent, findings) = Intent::from_annotations(&a, default_policy, default_mode, host);
+            // No ceiling: the annotations apply as they are (pod_overrides = "any").
+            let defaults = Defaults {
+                policy: default_policy,
+                mode: default_mode,
+                fail_closed: false,
+                pod_overrides: PodOverrides::Any,
+            };
+            let (intent, findings) = Intent::from_annotations(&a, &defaults, None, host);
             let mut invalid = Vec::new();
             let want_policy = match a.get(ANNOTATION_POLICY) {
                 None => default_policy,
@@ -382,6 +550,136 @@ mod tests {
                 prop_assert!(f.message.len() < 1200, "{}", f.message.len());
             }
         }
+    }
+
+    const ALL_POLICIES: [Policy; 4] = [
+        Policy::None,
+        Policy::BestEffort,
+        Policy::Restricted,
+        Policy::SingleNumaNode,
+    ];
+
+    proptest! {
+        /// Under `stricter-only` a pod's annotations never make the checks weaker than the
+        /// node's configuration: each applies exactly when it is at least as strict, and
+        /// each one that does not is an `override-ignored` finding naming it. Under `none`
+        /// nothing a pod says applies.
+        #[test]
+        fn annotations_never_weaken_the_configuration(
+            a in annotations(),
+            policy in prop::sample::select(ALL_POLICIES.to_vec()),
+            mode in prop::sample::select(vec![Mode::Audit, Mode::Enforce]),
+            baseline in prop::sample::select(vec![None, Some("0"), Some("1"), Some("0-1")]),
+            overrides in prop::sample::select(vec![PodOverrides::StricterOnly, PodOverrides::None]),
+        ) {
+            let host = host();
+            let baseline = baseline.map(|b| IdSet::parse(b).expect("set"));
+            let defaults = Defaults { policy, mode, fail_closed: false, pod_overrides: overrides };
+            let (intent, findings) = Intent::from_annotations(&a, &defaults, baseline.as_ref(), host);
+            let asked_policy = a.get(ANNOTATION_POLICY).and_then(|v| v.parse::<Policy>().ok());
+            let asked_mode = a.get(ANNOTATION_MODE).and_then(|v| v.parse::<Mode>().ok());
+            let asked_nodes = a
+                .get(ANNOTATION_NUMA_NODES)
+                .and_then(|v| IdSet::parse(v).ok())
+                .filter(|s| !s.is_empty() && s.is_subset(&host.node_ids()));
+            let mut ignored = Vec::new();
+            let stricter_only = overrides == PodOverrides::StricterOnly;
+            let want_policy = match asked_policy {
+                Some(p) if p == policy || (stricter_only && crate::check::at_least_as_strict(p, policy)) => p,
+                Some(_) => { ignored.push(ANNOTATION_POLICY); policy }
+                None => policy,
+            };
+            let want_mode = match asked_mode {
+                Some(m) if m == mode || (stricter_only && m == Mode::Enforce) => m,
+                Some(_) => { ignored.push(ANNOTATION_MODE); mode }
+                None => mode,
+            };
+            let want_nodes = match asked_nodes {
+                Some(n) if stricter_only && baseline.as_ref().is_none_or(|b| n.is_subset(b)) => Some(n),
+                Some(n) => {
+                    if baseline.as_ref() != Some(&n) { ignored.push(ANNOTATION_NUMA_NODES); }
+                    None
+                }
+                None => None,
+            };
+            prop_assert_eq!(intent.policy, want_policy);
+            prop_assert_eq!(intent.mode, want_mode);
+            prop_assert_eq!(&intent.numa_nodes, &want_nodes);
+            prop_assert!(crate::check::at_least_as_strict(intent.policy, policy) || intent.policy == policy);
+            prop_assert!(intent.mode >= mode);
+            let named: Vec<&str> = findings
+                .iter()
+                .filter(|f| f.rule == Rule::OverrideIgnored)
+                .map(|f| f.observed["annotation"].as_str().unwrap_or_default())
+                .collect();
+            prop_assert_eq!(named, ignored);
+            for f in findings.iter().filter(|f| f.rule == Rule::OverrideIgnored) {
+                let key = f.observed["annotation"].as_str().unwrap_or_default();
+                let names_it = f.message.starts_with(&format!("annotation {key}="));
+                prop_assert!(names_it, "{}", f.message);
+                prop_assert!(f.message.contains(&format!("pod_overrides = \"{overrides}\"")), "{}", f.message);
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_cannot_switch_the_nodes_enforcement_off() {
+        let defaults = Defaults {
+            policy: Policy::Restricted,
+            mode: Mode::Enforce,
+            fail_closed: false,
+            pod_overrides: PodOverrides::default(),
+        };
+        let a: BTreeMap<String, String> = [
+            (ANNOTATION_MODE, "audit"),
+            (ANNOTATION_POLICY, "none"),
+            (ANNOTATION_NUMA_NODES, "0-1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let placed = IdSet::parse("1").expect("set");
+        let (intent, findings) = Intent::from_annotations(&a, &defaults, Some(&placed), host());
+        assert_eq!(
+            (intent.policy, intent.mode),
+            (Policy::Restricted, Mode::Enforce)
+        );
+        assert_eq!(intent.numa_nodes, None, "the baseline's nodes stand");
+        let messages: Vec<&str> = findings.iter().map(|f| f.message.as_str()).collect();
+        assert_eq!(findings.len(), 3, "{messages:#?}");
+        assert!(findings.iter().all(|f| f.rule == Rule::OverrideIgnored));
+        assert_eq!(
+            messages[0],
+            "annotation kata-topo.io/policy=\"none\" is ignored: it would weaken what the node's \
+             configuration sets; {\"policy\":\"restricted\"} applies (pod_overrides = \
+             \"stricter-only\" in the node's [topology_guard])"
+        );
+        assert!(messages[1].starts_with("annotation kata-topo.io/mode=\"audit\" is ignored"));
+        assert!(messages[2].starts_with("annotation kata-topo.io/numa-nodes=\"0-1\" is ignored"));
+        // Stricter asks apply.
+        let strict: BTreeMap<String, String> = [
+            (ANNOTATION_POLICY, "single-numa-node"),
+            (ANNOTATION_NUMA_NODES, "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (intent, findings) =
+            Intent::from_annotations(&strict, &defaults, Some(&placed), host());
+        assert!(findings.is_empty(), "{findings:?}");
+        assert_eq!(intent.policy, Policy::SingleNumaNode);
+        assert_eq!(intent.numa_nodes, Some(placed));
+        // The operator may allow any.
+        let any = Defaults {
+            pod_overrides: PodOverrides::Any,
+            ..defaults
+        };
+        let (intent, findings) = Intent::from_annotations(&a, &any, None, host());
+        assert!(findings.is_empty(), "{findings:?}");
+        assert_eq!((intent.policy, intent.mode), (Policy::None, Mode::Audit));
+        assert_eq!("stricter-only".parse(), Ok(PodOverrides::StricterOnly));
+        assert_eq!(PodOverrides::None.to_string(), "none");
+        assert!("Any".parse::<PodOverrides>().is_err());
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub const VERSION: &str = concat!(
 pub use check::{Checker, Defaults, Overrides, Request};
 pub use host::{Bdf, Host, Locality, TopologySource};
 pub use idset::IdSet;
-pub use intent::{Baseline, Mode, Policy};
+pub use intent::{Baseline, Mode, PodOverrides, Policy};
 pub use request::{ContainerSpec, Resources};
 pub use sysfs::Sysfs;
 pub use verdict::{Decision, Finding, Operation, Rule, Severity, UpdateClass, Verdict};

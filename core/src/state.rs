@@ -53,6 +53,31 @@ pub struct DaemonRecord {
     pub config_source: String,
 }
 
+/// Whose latest verdict a file under `verdicts/` keeps. A task has two: its last request's,
+/// and what the VM view found once the delegate had applied it; neither replaces the other.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum VerdictOf {
+    /// A task's last request (create, recreate, update): `verdicts/<task>.json`.
+    Request(String),
+    /// What the VM view observed of a task after the delegate applied its last request:
+    /// `verdicts/<task>@vm.json`.
+    Vm(String),
+    /// A check of the pod that belongs to no task it could name (it failed before it could
+    /// read one): `verdicts/@pod.json`.
+    Pod,
+}
+
+impl VerdictOf {
+    /// The file's name. `@` is never part of a [`safe_name`], so the kinds never collide.
+    pub fn file_name(&self) -> String {
+        match self {
+            Self::Request(task) => format!("{}.json", safe_name(task)),
+            Self::Vm(task) => format!("{}@vm.json", safe_name(task)),
+            Self::Pod => "@pod.json".to_string(),
+        }
+    }
+}
+
 /// One pod's state directory.
 #[derive(Debug, Clone)]
 pub struct GroupState {
@@ -112,9 +137,13 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 }
 
 impl GroupState {
-    /// The state of one pod, created if missing.
+    /// The state of one pod, created if missing. `state_dir` must be trusted as the topology
+    /// cache's directory is ([`crate::files::Dir::open_private`]: no symbolic link on its
+    /// path, owned by this user, writable by nobody else); otherwise nothing is read or
+    /// written there and the error says why ([`crate::files::is_untrusted`] tells it from
+    /// a directory that could not be made).
     pub fn open(state_dir: &Path, namespace: &str, group: &str) -> io::Result<Self> {
-        mkdir_private(state_dir)?;
+        crate::files::Dir::open_private(state_dir, Some(0o700))?;
         let dir = state_dir.join(safe_name(namespace)).join(safe_name(group));
         for sub in ["containers", "tasks", "verdicts"] {
             mkdir_private(&dir.join(sub))?;
@@ -129,8 +158,10 @@ impl GroupState {
         }
     }
 
-    /// The state of one pod if it exists; nothing is created.
+    /// The state of one pod if it exists in a trusted `state_dir` (as [`GroupState::open`]
+    /// checks it); nothing is created.
     pub fn existing(state_dir: &Path, namespace: &str, group: &str) -> Option<Self> {
+        crate::files::Dir::open_private(state_dir, None).ok()?;
         let s = Self::at(state_dir, namespace, group);
         s.dir.is_dir().then_some(s)
     }
@@ -192,13 +223,16 @@ impl GroupState {
         write_json(&self.task_path(id), t)
     }
 
+    fn verdict_path(&self, of: &VerdictOf) -> PathBuf {
+        self.dir.join("verdicts").join(of.file_name())
+    }
+
     /// Forgets a task (its container's baseline stays for a recreate).
     pub fn remove_task(&self, id: &str) -> io::Result<()> {
         for path in [
             self.task_path(id),
-            self.dir
-                .join("verdicts")
-                .join(format!("{}.json", safe_name(id))),
+            self.verdict_path(&VerdictOf::Request(id.to_string())),
+            self.verdict_path(&VerdictOf::Vm(id.to_string())),
         ] {
             match fs::remove_file(path) {
                 Ok(()) => {}
@@ -211,13 +245,12 @@ impl GroupState {
 
     /// Keeps a task's latest verdict (for `kata-topo status`).
     pub fn save_verdict(&self, task_id: &str, v: &Verdict) -> io::Result<()> {
-        write_json(
-            &self
-                .dir
-                .join("verdicts")
-                .join(format!("{}.json", safe_name(task_id))),
-            v,
-        )
+        self.save_verdict_of(&VerdictOf::Request(task_id.to_string()), v)
+    }
+
+    /// Keeps the latest verdict of one kind (for `kata-topo status`).
+    pub fn save_verdict_of(&self, of: &VerdictOf, v: &Verdict) -> io::Result<()> {
+        write_json(&self.verdict_path(of), v)
     }
 
     /// Removes the pod's whole state (the sandbox is gone).
@@ -420,6 +453,50 @@ mod tests {
         g.remove_all().expect("remove all");
         assert!(!g.dir().exists());
         assert!(!state_dir.join("k8s.io").exists());
+    }
+
+    #[test]
+    fn a_task_keeps_its_request_and_vm_verdicts_apart_and_loses_both_with_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = GroupState::open(&dir.path().join("state"), "k8s.io", "sb1").expect("open");
+        let verdict = |rule: &str| -> Verdict {
+            serde_json::from_value(serde_json::json!({
+                "operation": "update", "class": "noop", "sandbox_id": "sb1",
+                "container_id": "c1", "container_name": "app", "pod": {},
+                "policy": "restricted", "mode": "audit", "decision": "allow",
+                "findings": [{"rule": rule, "severity": "warning", "message": "m",
+                              "expected": {}, "observed": {}}]
+            }))
+            .expect("verdict")
+        };
+        g.save_verdict("c1", &verdict("cpu-outside-intent"))
+            .expect("save");
+        g.save_verdict_of(&VerdictOf::Vm("c1".into()), &verdict("vcpu-overlap"))
+            .expect("save vm");
+        g.save_verdict_of(&VerdictOf::Pod, &verdict("check-failed"))
+            .expect("save pod");
+        // A task whose id ends like a VM verdict's file is another file.
+        g.save_verdict("c1.vm", &verdict("vfio-remote"))
+            .expect("save");
+        let pod = read_pod(g.dir()).expect("read").expect("pod");
+        let kept: Vec<(&str, &str)> = pod
+            .verdicts
+            .iter()
+            .map(|(name, v)| (name.as_str(), v.findings[0].rule.id()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("@pod", "check-failed"),
+                ("c1", "cpu-outside-intent"),
+                ("c1.vm", "vfio-remote"),
+                ("c1@vm", "vcpu-overlap"),
+            ]
+        );
+        g.remove_task("c1").expect("remove");
+        let pod = read_pod(g.dir()).expect("read").expect("pod");
+        let names: Vec<&str> = pod.verdicts.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["@pod", "c1.vm"]);
     }
 
     #[test]

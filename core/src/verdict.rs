@@ -92,12 +92,15 @@ pub enum Rule {
     CheckFailed,
     /// An annotation value is invalid.
     IntentInvalid,
+    /// A pod annotation would weaken what the node's configuration sets, or override it where
+    /// `pod_overrides` allows none: ignored, and said.
+    OverrideIgnored,
 }
 
 impl Rule {
     /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
     /// the severity table and the README's table are held complete against.
-    pub const ALL: [Rule; 15] = [
+    pub const ALL: [Rule; 16] = [
         Self::CpuUnknown,
         Self::CpuSpansNuma,
         Self::CpuOutsideIntent,
@@ -113,6 +116,7 @@ impl Rule {
         Self::GuestNumaUncovered,
         Self::CheckFailed,
         Self::IntentInvalid,
+        Self::OverrideIgnored,
     ];
 
     /// The kebab-case id.
@@ -133,6 +137,7 @@ impl Rule {
             Self::GuestNumaUncovered => "guest-numa-uncovered",
             Self::CheckFailed => "check-failed",
             Self::IntentInvalid => "intent-invalid",
+            Self::OverrideIgnored => "override-ignored",
         }
     }
 }
@@ -449,6 +454,7 @@ mod tests {
             Rule::GuestNumaUncovered,
             Rule::CheckFailed,
             Rule::IntentInvalid,
+            Rule::OverrideIgnored,
         ] {
             assert_eq!(serde_plain(&rule), rule.id());
         }

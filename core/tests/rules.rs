@@ -366,7 +366,7 @@ fn topology_drift_against_the_baseline() {
     let tree = Tree::new().vfio("0000:c1:00.0", 1, "60");
     let sysfs = tree.sysfs();
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
-    let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), Defaults::default());
+    let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), defaults());
     let baseline = checker.record_baseline(&s);
     assert_eq!(baseline.cpu_nodes.to_string(), "1");
     assert_eq!(
@@ -419,7 +419,7 @@ fn topology_drift_against_the_baseline() {
 #[test]
 fn recreate_is_held_to_the_baseline() {
     let host = host(DGX2);
-    let checker = kata_topo_core::Checker::new(&host, None, Defaults::default());
+    let checker = kata_topo_core::Checker::new(&host, None, defaults());
     let first = spec().cpus("0-1").build();
     let baseline = checker.record_baseline(&first);
     let same = recreate(&host, None, &first, &baseline);
@@ -447,7 +447,7 @@ fn check_failed_when_devices_cannot_be_resolved() {
         Defaults {
             mode: Mode::Enforce,
             fail_closed: true,
-            ..Defaults::default()
+            ..defaults()
         },
     )
     .check(&kata_topo_core::Request::create(&s));
@@ -562,7 +562,7 @@ fn check_with_kata(
     update: Option<&kata_topo_core::Resources>,
     kata: &kata_topo_core::kata::KataConfig,
 ) -> kata_topo_core::Verdict {
-    kata_topo_core::Checker::new(host, sysfs, Defaults::default()).check(&kata_topo_core::Request {
+    kata_topo_core::Checker::new(host, sysfs, defaults()).check(&kata_topo_core::Request {
         update,
         kata: Some(kata),
         ..kata_topo_core::Request::create(spec)
@@ -695,12 +695,10 @@ fn vm_rules_on_the_vcpu_threads() {
     let host = host(DGX2);
     let s = spec().cpus("0-1").build();
     let check = |vm: &kata_topo_core::vm::VmView| {
-        kata_topo_core::Checker::new(&host, None, Defaults::default()).check(
-            &kata_topo_core::Request {
-                vm: Some(vm),
-                ..kata_topo_core::Request::create(&s)
-            },
-        )
+        kata_topo_core::Checker::new(&host, None, defaults()).check(&kata_topo_core::Request {
+            vm: Some(vm),
+            ..kata_topo_core::Request::create(&s)
+        })
     };
     // Each vCPU on its own CPU of node 0, where the cpuset is: nothing to report.
     assert_eq!(rules(&check(&vm_view(700, &["0", "1"]))), vec![]);
@@ -753,7 +751,7 @@ fn every_rule_message_is_one_clean_line() {
     let mut verdicts = vec![
         // cpu-spans-numa, cpu-outside-intent, vfio-remote, vfio-missing (both kinds),
         // vcpu-pinning-lost, vcpu-affinity-drift, vcpu-overlap.
-        kata_topo_core::Checker::new(&dgx2, Some(&sysfs), Defaults::default()).check(
+        kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).check(
             &kata_topo_core::Request {
                 update: Some(&resize),
                 kata: Some(&pinning),
@@ -781,6 +779,12 @@ fn every_rule_message_is_one_clean_line() {
                 .build(),
         ),
     ];
+    // override-ignored: a pod asking for a weaker policy than the node's.
+    verdicts.push(
+        kata_topo_core::Checker::new(&dgx2, None, Defaults::default()).check(
+            &kata_topo_core::Request::create(&spec().cpus("0-1").policy("none").build()),
+        ),
+    );
     // cpu-unknown.
     let offline = host("16em64t-4s2c2t-offlines.xml");
     verdicts.push(create(&offline, None, &spec().cpus("0-2,99").build()));
@@ -810,8 +814,8 @@ fn every_rule_message_is_one_clean_line() {
     // topology-drift: the device moved since admission.
     let moving = Tree::new().vfio("0000:c1:00.0", 1, "60");
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
-    let baseline = kata_topo_core::Checker::new(&vfs, Some(&moving.sysfs()), Defaults::default())
-        .record_baseline(&s);
+    let baseline =
+        kata_topo_core::Checker::new(&vfs, Some(&moving.sysfs()), defaults()).record_baseline(&s);
     moving
         .tree
         .add_device(bdf("0000:c1:00.0"), 0, Some("vfio-pci"), Some("60"))
@@ -843,4 +847,58 @@ fn every_rule_message_is_one_clean_line() {
     seen.sort();
     seen.dedup();
     assert_eq!(seen, Rule::ALL, "every rule, produced at least once");
+}
+
+/// On a node in enforce mode, a pod's annotations cannot switch enforcement off: `mode: audit`
+/// and `policy: none` (or `best-effort`) are ignored with an `override-ignored` finding each,
+/// and the cross-node push is refused all the same. The same push is allowed where the
+/// operator lets pods weaken (`pod_overrides = "any"`).
+#[test]
+fn a_pod_cannot_weaken_the_nodes_enforcement() {
+    let host = host(DGX2);
+    let tree = dgx2_tree();
+    let sysfs = tree.sysfs();
+    let enforce = Defaults {
+        mode: Mode::Enforce,
+        ..Defaults::default()
+    };
+    let admitted = || spec().cpus("0-1").device("/dev/vfio/10");
+    let push = resources(json!({"cpu": {"cpus": "24-25"}}));
+    for weaker in ["none", "best-effort"] {
+        let s = admitted()
+            .annotation("kata-topo.io/mode", "audit")
+            .policy(weaker)
+            .build();
+        let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), enforce);
+        let baseline = checker.record_baseline(&s);
+        let check = |checker: kata_topo_core::Checker<'_>| {
+            checker.check(&kata_topo_core::Request {
+                update: Some(&push),
+                baseline: Some(&baseline),
+                ..kata_topo_core::Request::create(&s)
+            })
+        };
+        let v = check(checker);
+        assert_eq!((v.policy, v.mode), (Policy::Restricted, Mode::Enforce));
+        assert_eq!(v.decision, Decision::Reject, "{weaker}: {v:#?}");
+        let ignored: Vec<&str> = v
+            .findings
+            .iter()
+            .filter(|f| f.rule == OverrideIgnored)
+            .map(|f| f.observed["annotation"].as_str().expect("named"))
+            .collect();
+        assert_eq!(ignored, ["kata-topo.io/policy", "kata-topo.io/mode"]);
+        assert!(v
+            .findings
+            .iter()
+            .filter(|f| f.rule == OverrideIgnored)
+            .all(|f| f.severity == Warning));
+        let any = Defaults {
+            pod_overrides: kata_topo_core::PodOverrides::Any,
+            ..enforce
+        };
+        let v = check(kata_topo_core::Checker::new(&host, Some(&sysfs), any));
+        assert_eq!(v.mode, Mode::Audit);
+        assert_eq!(v.decision, Decision::Allow, "{weaker}");
+    }
 }

@@ -182,6 +182,53 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
     assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
 }
 
+/// The node's `mode = "enforce"` is the operator's, not the tenant's: a pod annotated
+/// `kata-topo.io/mode: audit` and `kata-topo.io/policy: none` (under the default
+/// `pod_overrides = "stricter-only"`) still has its cross-node cpuset push refused, the
+/// container keeps its CPU, and the log names each ignored annotation.
+#[test]
+fn a_pod_annotated_audit_on_an_enforce_node_is_still_refused() {
+    let c = Containerd::start(Guard {
+        mode: "enforce",
+        ..Guard::default()
+    });
+    let mut cri = c.cri();
+    let (pod, _cfg, id) = cri.admit(
+        "tenant-pod",
+        &[
+            ("kata-topo.io/mode", "audit"),
+            ("kata-topo.io/policy", "none"),
+        ],
+        true,
+    );
+    let err = cri
+        .update(&id, &Res::admitted().on("0"))
+        .expect_err("the node's enforce mode refuses the push");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("mode enforce"), "{}", err.message());
+    assert_eq!(
+        cri.allowed_cpus(&id),
+        "1",
+        "the kernel still runs it on CPU 1"
+    );
+    let findings = c.findings();
+    for annotation in ["kata-topo.io/mode", "kata-topo.io/policy"] {
+        let line = findings
+            .iter()
+            .find(|l| {
+                l["rule"] == "override-ignored"
+                    && l["observed"]["annotation"] == annotation
+                    && l["operation"] == "update"
+            })
+            .unwrap_or_else(|| panic!("no override-ignored line for {annotation}: {findings:#?}"));
+        assert_eq!(line["severity"], "warning");
+        assert_eq!(line["decision"], "reject");
+        assert_eq!(line["mode"], "enforce");
+    }
+    cri.remove_pod(&pod);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
 #[test]
 fn two_pods_and_fifty_concurrent_updates() {
     let c = Containerd::start(Guard::default());

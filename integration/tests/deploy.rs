@@ -277,6 +277,7 @@ const RULES: &[&str] = &[
     "guest-numa-uncovered",
     "check-failed",
     "intent-invalid",
+    "override-ignored",
 ];
 
 /// Lines for every rule: those a real wrapper under a real containerd wrote, plus one per

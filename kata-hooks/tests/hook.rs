@@ -260,3 +260,25 @@ fn nonblocking_connect(path: &Path) -> Option<std::os::fd::OwnedFd> {
     connect(fd.as_raw_fd(), &addr).ok()?;
     Some(fd)
 }
+
+/// Under `mode = "enforce"` a container annotated `kata-topo.io/mode: audit` and
+/// `kata-topo.io/policy: none` is refused all the same; the log names both ignored annotations.
+#[test]
+fn a_pod_annotation_cannot_switch_enforcement_off() {
+    let e = env("enforce", false);
+    let b = e.bundle("trainer", "0", false);
+    let config = b.join("config.json");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(&config).expect("spec")).expect("json");
+    spec["annotations"]["kata-topo.io/mode"] = json!("audit");
+    spec["annotations"]["kata-topo.io/policy"] = json!("none");
+    std::fs::write(&config, spec.to_string()).expect("spec");
+    let out = e.hook(&e.state(&b, "creating"));
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let rules = e.rules();
+    assert_eq!(
+        rules.iter().filter(|r| *r == "override-ignored").count(),
+        2,
+        "{rules:?}"
+    );
+}

@@ -12,7 +12,8 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo_core::vm::VmView;
 use kata_topo_core::{
-    Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, Policy, Request, Resources,
+    Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, PodOverrides, Policy, Request,
+    Resources,
 };
 
 use crate::commands::HostArgs;
@@ -37,12 +38,18 @@ pub(crate) struct CheckArgs {
     record_baseline: Option<PathBuf>,
     #[command(flatten)]
     host: HostArgs,
-    /// The policy, over the pod's annotation and the default (restricted).
+    /// The node's policy (`default_policy`; default restricted): the pod's annotation
+    /// applies over it only as far as --pod-overrides allows.
     #[arg(long, value_name = "P")]
     policy: Option<Policy>,
-    /// The mode, over the pod's annotation and the default (audit).
+    /// The node's mode (`mode`; default audit): the pod's annotation applies over it only
+    /// as far as --pod-overrides allows.
     #[arg(long, value_name = "M")]
     mode: Option<Mode>,
+    /// How far the pod's annotations may move --policy, --mode and the baseline's nodes:
+    /// stricter-only (default), any or none, as `pod_overrides` on the node.
+    #[arg(long, value_name = "O")]
+    pod_overrides: Option<PodOverrides>,
     /// Kata's configuration file (its `config.d/` drop-ins are read too): enables
     /// `vcpu-pinning-lost` and `guest-numa-uncovered`.
     #[arg(long, value_name = "FILE")]
@@ -124,7 +131,16 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         None => None,
     };
     let (host, sysfs) = args.host.load()?;
-    let checker = Checker::new(&host, sysfs.as_ref(), Defaults::default());
+    // What the wrapper does on a node configured so: the pod's annotations over the node's
+    // values, within pod_overrides.
+    let node = Defaults::default();
+    let defaults = Defaults {
+        policy: args.policy.unwrap_or(node.policy),
+        mode: args.mode.unwrap_or(node.mode),
+        pod_overrides: args.pod_overrides.unwrap_or(node.pod_overrides),
+        ..node
+    };
+    let checker = Checker::new(&host, sysfs.as_ref(), defaults);
     if let Some(out) = &args.record_baseline {
         let recorded = checker.record_baseline(&spec);
         let text = serde_json::to_string_pretty(&recorded)?;
@@ -137,10 +153,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         current: None,
         baseline: baseline.as_ref(),
         container_id: None,
-        overrides: Overrides {
-            policy: args.policy,
-            mode: args.mode,
-        },
+        overrides: Overrides::default(),
         kata: kata.as_ref(),
         vm: view.as_ref(),
     });

@@ -8,7 +8,7 @@ use std::fmt;
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Intent, Mode, Policy};
+use crate::intent::{Baseline, Intent, Mode, Policy};
 use crate::request::{ContainerKind, Resources};
 use crate::verdict::{Finding, Operation, UpdateClass};
 
@@ -86,10 +86,11 @@ impl<'r> Context<'r> {
     pub(super) fn new(checker: &Checker<'r>, req: Request<'r>) -> (Self, Vec<Finding>) {
         let host = checker.host;
         let spec = req.spec;
+        let baseline_nodes = req.baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
         let (intent, invalid) = Intent::from_annotations(
             &spec.annotations,
-            checker.defaults.policy,
-            checker.defaults.mode,
+            &checker.defaults,
+            baseline_nodes.as_ref(),
             host,
         );
         let operation = match (req.update, spec.kind, req.baseline) {
@@ -231,7 +232,12 @@ mod tests {
     #[test]
     fn an_update_is_checked_as_the_container_will_be() {
         let host = host("nvidiaDGX2.xml");
-        let checker = Checker::new(&host, None, Defaults::default());
+        // A node that lets pods weaken its policy: the pod's `none` applies.
+        let any = Defaults {
+            pod_overrides: crate::intent::PodOverrides::Any,
+            ..Defaults::default()
+        };
+        let checker = Checker::new(&host, None, any);
         let s = spec("0-1", serde_json::json!({"kata-topo.io/policy": "none"}));
         let push = Resources::from_json(br#"{"cpu": {"cpus": "24-25"}}"#).expect("update");
         let (cx, invalid) = Context::new(

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Mode, Policy};
+use crate::intent::{Baseline, Mode, PodOverrides, Policy};
 use crate::kata::KataConfig;
 use crate::request::{ContainerSpec, Resources};
 use crate::sysfs::Sysfs;
@@ -34,7 +34,7 @@ use crate::vm::VmView;
 
 use context::Context;
 
-pub use severity::severity;
+pub use severity::{at_least_as_strict, severity};
 
 /// Configured defaults (`[topology_guard]` or CLI defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,6 +45,9 @@ pub struct Defaults {
     pub mode: Mode,
     /// `fail_closed`: a `check-failed` finding is an error.
     pub fail_closed: bool,
+    /// `pod_overrides`: how far a pod's annotations may move `policy` and `mode` (and the
+    /// allowed nodes from the baseline's).
+    pub pod_overrides: PodOverrides,
 }
 
 /// Values that win over annotations (the CLI's `--policy` and `--mode`).
@@ -115,12 +118,11 @@ pub fn failed_verdict(
     reason: &str,
 ) -> Verdict {
     let annotation = |key: &str| spec.and_then(|s| s.annotations.get(key));
-    let policy = annotation(crate::intent::ANNOTATION_POLICY)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(defaults.policy);
-    let mode = annotation(crate::intent::ANNOTATION_MODE)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(defaults.mode);
+    let (policy, mode, ignored) = crate::intent::Intent::within(
+        annotation(crate::intent::ANNOTATION_POLICY).and_then(|v| v.parse().ok()),
+        annotation(crate::intent::ANNOTATION_MODE).and_then(|v| v.parse().ok()),
+        &defaults,
+    );
     let mut verdict = Verdict {
         operation,
         class,
@@ -133,6 +135,12 @@ pub fn failed_verdict(
         decision: Decision::Allow,
         findings: check_failed(policy, defaults.fail_closed, reason)
             .into_iter()
+            .chain(ignored.into_iter().filter_map(|f| {
+                Some(Finding {
+                    severity: severity(f.rule, policy, defaults.fail_closed)?,
+                    ..f
+                })
+            }))
             .collect(),
     };
     verdict.decide();

@@ -35,10 +35,11 @@ impl Weight {
 /// [`column()`]). What the pod asks for does not exist (`cpu-unknown`, `vfio-missing`): an error
 /// unless the policy is best-effort. The pod's intent cannot be read: always an error, since
 /// the defaults stand in for it. The host changed, or nobody can tell (`vfio-locality-unknown`,
-/// `topology-drift`): never a refusal. Every rule is in exactly one row, checked when the crate
-/// compiles (below).
+/// `topology-drift`): never a refusal. A pod annotation ignored because it would weaken the
+/// node's configuration (`override-ignored`): worth a warning, never a refusal by itself.
+/// Every rule is in exactly one row, checked when the crate compiles (below).
 #[rustfmt::skip]
-const TABLE: [(&[Rule], [Weight; 4]); 8] = {
+const TABLE: [(&[Rule], [Weight; 4]); 9] = {
     use Rule::*;
     use Weight::{Error, FailClosed, Off, Warning};
     [
@@ -52,6 +53,7 @@ const TABLE: [(&[Rule], [Weight; 4]); 8] = {
         (&[VfioLocalityUnknown, TopologyDrift],    [Off,        Warning,    Warning,    Warning]),
         (&[VcpuPinningLost, VcpuOverlap],          [Off,        Warning,    Warning,    Error]),
         (&[VcpuAffinityDrift, GuestNumaUncovered], [Off,        Warning,    Error,      Error]),
+        (&[OverrideIgnored],                       [Warning,    Warning,    Warning,    Warning]),
     ]
 };
 
@@ -101,6 +103,20 @@ fn weight(rule: Rule, policy: Policy) -> Weight {
 /// The severity of a rule under a policy; `None` means the policy does not report it.
 pub fn severity(rule: Rule, policy: Policy, fail_closed: bool) -> Option<Severity> {
     weight(rule, policy).severity(fail_closed)
+}
+
+/// Whether `policy` is at least as strict as `than`: read off the table, no rule weighs less
+/// under it (not reported < `warning` < `error`), with `fail_closed` or without. This gives
+/// none < restricted < single-numa-node and best-effort < restricted; `none` and
+/// `best-effort` are not comparable (`best-effort` makes `cpu-unknown` and `vfio-missing`
+/// warnings that `none` makes errors), so neither may replace the other in a pod's
+/// annotation under `pod_overrides = "stricter-only"`.
+pub fn at_least_as_strict(policy: Policy, than: Policy) -> bool {
+    Rule::ALL.iter().all(|&rule| {
+        [false, true]
+            .iter()
+            .all(|&fc| severity(rule, policy, fc) >= severity(rule, than, fc))
+    })
 }
 
 #[cfg(test)]
@@ -178,6 +194,22 @@ mod tests {
                 "{rule}"
             );
         }
+    }
+
+    #[test]
+    fn strictness_follows_the_table() {
+        use Policy::*;
+        let all = [None, BestEffort, Restricted, SingleNumaNode];
+        let stricter = |a, b| at_least_as_strict(a, b);
+        for p in all {
+            assert!(stricter(p, p), "{p}");
+            assert!(stricter(SingleNumaNode, p), "{p}");
+        }
+        assert!(stricter(Restricted, None) && stricter(Restricted, BestEffort));
+        assert!(!stricter(None, Restricted) && !stricter(BestEffort, Restricted));
+        assert!(!stricter(Restricted, SingleNumaNode));
+        // best-effort reports more than none but turns its hard errors into warnings.
+        assert!(!stricter(BestEffort, None) && !stricter(None, BestEffort));
     }
 
     #[test]

@@ -9,10 +9,20 @@ use std::path::PathBuf;
 
 use kata_topo_core::simulate::SysfsTree;
 use kata_topo_core::{
-    Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Rule,
-    Severity, Sysfs, TopologySource, Verdict,
+    Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, Overrides, PodOverrides, Request,
+    Resources, Rule, Severity, Sysfs, TopologySource, Verdict,
 };
 use serde_json::json;
+
+/// The defaults the rule tests check under: the configuration's, but with
+/// `pod_overrides = "any"`, since these tests pick each policy through the pod's annotation
+/// (the ceiling has tests of its own).
+pub fn defaults() -> Defaults {
+    Defaults {
+        pod_overrides: PodOverrides::Any,
+        ..Defaults::default()
+    }
+}
 
 /// A fixture XML by file name.
 pub fn xml(name: &str) -> PathBuf {
@@ -152,7 +162,7 @@ pub fn resources(json: serde_json::Value) -> Resources {
 
 /// Checks a create.
 pub fn create(host: &Host, sysfs: Option<&Sysfs>, spec: &ContainerSpec) -> Verdict {
-    Checker::new(host, sysfs, Defaults::default()).check(&Request::create(spec))
+    Checker::new(host, sysfs, defaults()).check(&Request::create(spec))
 }
 
 /// Checks an update against a baseline recorded from the spec's create.
@@ -162,7 +172,7 @@ pub fn update(
     spec: &ContainerSpec,
     update: &Resources,
 ) -> Verdict {
-    let checker = Checker::new(host, sysfs, Defaults::default());
+    let checker = Checker::new(host, sysfs, defaults());
     let baseline = checker.record_baseline(spec);
     checker.check(&Request {
         spec,
@@ -183,7 +193,7 @@ pub fn recreate(
     spec: &ContainerSpec,
     baseline: &Baseline,
 ) -> Verdict {
-    let checker = Checker::new(host, sysfs, Defaults::default());
+    let checker = Checker::new(host, sysfs, defaults());
     checker.check(&Request {
         baseline: Some(baseline),
         ..Request::create(spec)

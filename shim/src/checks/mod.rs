@@ -22,7 +22,7 @@ use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::process::ProcessId;
 use kata_topo_core::request::ContainerKind;
-use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{VmReader, VmView};
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
@@ -139,11 +139,20 @@ impl PodChecks {
             file,
             source,
         } = resolved;
-        let files = GroupState::open(&config.state_dir, namespace, group).unwrap_or_else(|e| {
-            slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
-                "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
-            GroupState::at(&config.state_dir, namespace, group)
-        });
+        let files = match GroupState::open(&config.state_dir, namespace, group) {
+            Ok(files) => Some(files),
+            // Someone else could have written it: nothing there is read, nothing written.
+            Err(e) if kata_topo_core::files::is_untrusted(&e) => {
+                slog::error!(sinks.log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
+                    "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
+                None
+            }
+            Err(e) => {
+                slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
+                    "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
+                Some(GroupState::at(&config.state_dir, namespace, group))
+            }
+        };
         let log = sinks.log.clone();
         let persist = Persist::start(sinks.drops.clone(), move |key, e| {
             slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
@@ -413,7 +422,27 @@ impl PodChecks {
         }))
     }
 
-    /// Counts, keeps, announces and decides a verdict.
+    /// The one place every verdict goes — a request's, what the VM view found after one, a
+    /// check that could not run: counted (metrics), kept as the latest of its kind (the state
+    /// mirror, which `kata-topo status` and node-problem-detector read), and, when it is news,
+    /// logged and published.
+    fn deliver(&self, of: VerdictOf, verdict: &Verdict, took: Duration) {
+        self.sinks.metrics.observe(verdict, took);
+        let news = match &of {
+            VerdictOf::Request(task) => self.announcer.should_announce(task, verdict),
+            VerdictOf::Vm(task) => self
+                .announcer
+                .should_announce(&format!("{task}/vm"), verdict),
+            VerdictOf::Pod => self.announcer.should_announce("@pod", verdict),
+        };
+        self.store.save_verdict(of, verdict);
+        if news {
+            log_verdict(&self.sinks.log, verdict);
+            self.sinks.events.mismatch(verdict);
+        }
+    }
+
+    /// Delivers a request's verdict and decides the request.
     fn finish(
         &self,
         task_id: &str,
@@ -421,12 +450,11 @@ impl PodChecks {
         started: Instant,
         accept: Option<OnAccept>,
     ) -> Outcome {
-        self.sinks.metrics.observe(&verdict, started.elapsed());
-        self.store.save_verdict(task_id, &verdict);
-        if self.announcer.should_announce(task_id, &verdict) {
-            log_verdict(&self.sinks.log, &verdict);
-            self.sinks.events.mismatch(&verdict);
-        }
+        self.deliver(
+            VerdictOf::Request(task_id.to_string()),
+            &verdict,
+            started.elapsed(),
+        );
         if verdict.decision == Decision::Reject {
             return Outcome::Refuse(ShimError::Rejected(verdict.refusal()));
         }
@@ -532,18 +560,15 @@ impl PodChecks {
         verdict.decide();
         // Observed after the fact: nothing to refuse any more, whatever the mode.
         verdict.decision = Decision::Allow;
-        self.sinks.metrics.observe(&verdict, started.elapsed());
-        if self
-            .announcer
-            .should_announce(&format!("{task_id}/vm"), &verdict)
-        {
-            log_verdict(&self.sinks.log, &verdict);
-            self.sinks.events.mismatch(&verdict);
-        }
+        self.deliver(
+            VerdictOf::Vm(task_id.to_string()),
+            &verdict,
+            started.elapsed(),
+        );
     }
 
     /// Reports a check that could not run at all (it panicked): a `check-failed` verdict for
-    /// the pod, logged and counted. The request it belonged to went on unchecked.
+    /// the pod, delivered like any other. The request it belonged to went on unchecked.
     pub(crate) fn report_failure(&self, method: &str, reason: &str) {
         let operation = match method {
             "Update" => Operation::Update,
@@ -552,8 +577,7 @@ impl PodChecks {
         let mut v = failed_verdict(None, operation, None, self.defaults(), reason);
         v.sandbox_id = Some(self.group.clone());
         v.decision = Decision::Allow;
-        self.sinks.metrics.observe(&v, Duration::ZERO);
-        log_verdict(&self.sinks.log, &v);
+        self.deliver(VerdictOf::Pod, &v, Duration::ZERO);
     }
 
     /// Records who serves the pod: this daemon, and the delegate (its pid as the delegate
@@ -592,7 +616,10 @@ impl PodChecks {
     /// Where the pod's state lives.
     #[cfg(test)]
     pub(crate) fn state_dir(&self) -> PathBuf {
-        self.store.dir().to_path_buf()
+        self.store
+            .dir()
+            .map(Path::to_path_buf)
+            .expect("the pod's state is mirrored")
     }
 }
 

@@ -8,9 +8,15 @@ use std::collections::HashMap;
 
 use std::sync::Mutex;
 
-use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord};
+use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::{Baseline, Verdict};
 use kata_topo_sinks::Persist;
+
+/// The mirror's key for a verdict file: a later write of the same file replaces one still
+/// waiting.
+fn verdict_key(of: &VerdictOf) -> String {
+    format!("verdict/{}", of.file_name())
+}
 
 /// Whose baseline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,21 +37,24 @@ struct Memory {
 /// One pod's records.
 #[derive(Debug)]
 pub(crate) struct PodStore {
-    files: GroupState,
+    /// The mirror's files; `None` when the state directory is not trusted (nothing is read
+    /// from it or written to it then).
+    files: Option<GroupState>,
     memory: Mutex<Memory>,
     persist: Persist,
 }
 
 impl PodStore {
-    /// The records of a pod, starting from what a previous daemon left in `files`.
-    pub(crate) fn open(files: GroupState, persist: Persist) -> Self {
-        let mut memory = Memory {
-            sandbox: files.sandbox_baseline().ok().flatten(),
-            ..Memory::default()
-        };
-        if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
-            memory.containers = pod.containers.into_iter().collect();
-            memory.tasks = pod.tasks.into_iter().collect();
+    /// The records of a pod, starting from what a previous daemon left in `files`; without
+    /// files, from nothing, and kept in memory only.
+    pub(crate) fn open(files: Option<GroupState>, persist: Persist) -> Self {
+        let mut memory = Memory::default();
+        if let Some(files) = &files {
+            memory.sandbox = files.sandbox_baseline().ok().flatten();
+            if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
+                memory.containers = pod.containers.into_iter().collect();
+                memory.tasks = pod.tasks.into_iter().collect();
+            }
         }
         Self {
             files,
@@ -63,14 +72,15 @@ impl PodStore {
         key: String,
         job: impl FnOnce(&GroupState) -> std::io::Result<()> + Send + 'static,
     ) {
-        let files = self.files.clone();
-        self.persist.put(key, move || job(&files));
+        if let Some(files) = self.files.clone() {
+            self.persist.put(key, move || job(&files));
+        }
     }
 
-    /// Where the files are.
+    /// Where the files are, when there are any.
     #[cfg(test)]
-    pub(crate) fn dir(&self) -> &std::path::Path {
-        self.files.dir()
+    pub(crate) fn dir(&self) -> Option<&std::path::Path> {
+        self.files.as_ref().map(GroupState::dir)
     }
 
     /// A task's record.
@@ -88,8 +98,12 @@ impl PodStore {
     /// Forgets a task (its container's baseline stays for a recreate).
     pub(crate) fn remove_task(&self, id: &str) -> Option<TaskRecord> {
         let record = self.with(|m| m.tasks.remove(id));
-        // A removal replaces the task's writes still waiting (its record and its verdict).
-        for key in [format!("task/{id}"), format!("verdict/{id}")] {
+        // A removal replaces the task's writes still waiting (its record and its verdicts).
+        for key in [
+            format!("task/{id}"),
+            verdict_key(&VerdictOf::Request(id.to_string())),
+            verdict_key(&VerdictOf::Vm(id.to_string())),
+        ] {
             let id = id.to_string();
             self.mirror(key, move |f| f.remove_task(&id));
         }
@@ -120,10 +134,11 @@ impl PodStore {
         }
     }
 
-    /// Keeps a task's latest verdict (for `kata-topo status`).
-    pub(crate) fn save_verdict(&self, task_id: &str, v: &Verdict) {
-        let (id, v) = (task_id.to_string(), v.clone());
-        self.mirror(format!("verdict/{id}"), move |f| f.save_verdict(&id, &v));
+    /// Keeps the latest verdict of a task's request, of its VM, or of the pod (for
+    /// `kata-topo status`).
+    pub(crate) fn save_verdict(&self, of: VerdictOf, v: &Verdict) {
+        let v = v.clone();
+        self.mirror(verdict_key(&of), move |f| f.save_verdict_of(&of, &v));
     }
 
     /// Records who serves the pod.
@@ -135,7 +150,8 @@ impl PodStore {
     pub(crate) fn remove_all(&self) {
         self.with(|m| *m = Memory::default());
         let files = self.files.clone();
-        self.persist.close(move || files.remove_all());
+        self.persist
+            .close(move || files.map_or(Ok(()), |f| f.remove_all()));
     }
 
     /// The mirror, to wait on it.

@@ -21,6 +21,18 @@ pub(crate) struct Pod {
 }
 
 pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod {
+    pod_configured(mode, state_dir, load, "", false)
+}
+
+/// [`pod_with`] with more `[topology_guard]` lines (`extra`) and, with `metrics`, a textfile
+/// in the temporary directory (`Pod::metrics`).
+pub(crate) fn pod_configured(
+    mode: &str,
+    state_dir: Option<&Path>,
+    load: bool,
+    extra: &str,
+    metrics: bool,
+) -> Pod {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
     tree.add_device(
@@ -33,7 +45,7 @@ pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod 
     let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
     let config = Config::parse(
         &format!(
-            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{extra}",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
             tree.root().display(),
             state.display(),
@@ -47,7 +59,11 @@ pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod 
     let sinks = Sinks {
         log: log.logger().clone(),
         events: Events::off(),
-        metrics: Metrics::off(),
+        metrics: if metrics {
+            Metrics::textfile(dir.path(), "k8s.io", "sb1", drops.clone())
+        } else {
+            Metrics::off()
+        },
         drops,
     };
     let resolved = Resolved {
@@ -94,6 +110,16 @@ impl Pod {
             .lines()
             .map(|l| serde_json::from_str(l).expect("JSON line"))
             .collect()
+    }
+
+    /// The metrics textfile, as the writer thread last wrote it.
+    pub(crate) fn metrics(&self) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join(kata_topo_sinks::metrics::file_name("k8s.io", "sb1")),
+        )
+        .unwrap_or_default()
     }
 
     pub(crate) fn finding_lines(&self) -> usize {

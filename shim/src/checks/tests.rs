@@ -1,4 +1,4 @@
-use super::testing::{pod, pod_with};
+use super::testing::{pod, pod_configured, pod_with};
 use super::*;
 use crate::ttrpc::Code;
 
@@ -205,4 +205,188 @@ fn the_vm_is_observed_after_a_create() {
         .expect("vCPUs on node 0, the pod on node 1");
     assert_eq!(drift["operation"], "update");
     assert_eq!(drift["decision"], "allow");
+}
+
+/// What the VM view finds after the delegate applied a request goes where every other verdict
+/// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
+/// custom plugin) beside the verdict of the request itself, which it does not replace.
+#[test]
+fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
+    // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
+    let procfs = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/tests/fixtures/vmm/qemu-kvm/proc"
+    );
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!("procfs_root = \"{procfs}\"\n"),
+        true,
+    );
+    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
+        other => panic!("create: {other:?}"),
+    }
+    let logged = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.lines().iter().any(|l| l["rule"] == "vcpu-affinity-drift")
+    });
+    assert!(logged, "{:#?}", p.lines());
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let pods = kata_topo_core::state::list(
+        p.checks
+            .state_dir()
+            .parent()
+            .and_then(Path::parent)
+            .expect("state_dir"),
+    )
+    .expect("state");
+    assert_eq!(pods.len(), 1);
+    let rules: Vec<(String, Rule)> = pods[0]
+        .verdicts
+        .iter()
+        .flat_map(|(task, v)| v.findings.iter().map(move |f| (task.clone(), f.rule)))
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .any(|(task, rule)| task.starts_with("c1") && *rule == Rule::VcpuAffinityDrift),
+        "kept for kata-topo status: {rules:?}"
+    );
+    // The create's own verdict is still there: the observation is kept beside it.
+    assert!(
+        pods[0]
+            .verdicts
+            .iter()
+            .any(|(task, v)| task == "c1" && v.operation == Operation::Create),
+        "{:?}",
+        pods[0].verdicts
+    );
+    let counted = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.metrics()
+            .contains("rule=\"vcpu-affinity-drift\",severity=\"error\"} 1")
+    });
+    assert!(counted, "{}", p.metrics());
+}
+
+/// A state directory someone else could have written (another owner, group or others may
+/// write it, or a symbolic link on its path) is never used: nothing planted there is read,
+/// nothing is written there, the checks run from memory and the log says why.
+#[test]
+fn an_untrusted_state_dir_is_never_used_and_the_log_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    for case in [
+        "writable by others",
+        "another owner",
+        "a symlink on its path",
+    ] {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let real = outside.path().join("real");
+        std::fs::create_dir(&real).expect("dir");
+        let state = real.join("state");
+        std::fs::create_dir(&state).expect("state");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        // A planted baseline on node 0: were it believed, the push to CPU 0 would be clean.
+        let planted = state.join("k8s.io/sb1/containers");
+        std::fs::create_dir_all(&planted).expect("plant");
+        std::fs::write(
+            planted.join("app.json"),
+            serde_json::json!({
+                "version": 1, "sandbox_id": "sb1", "container_name": "app", "cpus": "0",
+                "mems": null, "cpu_nodes": "0", "devices": [], "topology_fingerprint": ""
+            })
+            .to_string(),
+        )
+        .expect("plant");
+        let (configured, why) = match case {
+            "writable by others" => {
+                std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777))
+                    .expect("chmod");
+                (state.clone(), "0777")
+            }
+            "another owner" => {
+                std::os::unix::fs::chown(&state, Some(65534), None).expect("chown");
+                (state.clone(), "uid 65534")
+            }
+            _ => {
+                std::os::unix::fs::symlink(&real, outside.path().join("link")).expect("link");
+                (outside.path().join("link/state"), "symbolic link")
+            }
+        };
+        let before = files_under(&state);
+        let p = pod_with("enforce", Some(&configured), true);
+        p.create();
+        let app = p
+            .checks
+            .store
+            .baseline(&BaselineOf::Container("app".into()))
+            .expect("a baseline");
+        assert_eq!(
+            app.cpus.map(|c| c.to_string()).as_deref(),
+            Some("1"),
+            "{case}: the planted baseline was read"
+        );
+        assert!(
+            matches!(p.update(CROSS), Outcome::Refuse(_)),
+            "{case}: the planted baseline was believed"
+        );
+        assert!(p
+            .checks
+            .flush_state(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(files_under(&state), before, "{case}: written into");
+        let lines = p.lines();
+        let said = lines.iter().find(|l| l["event"] == "state-untrusted");
+        let said = said.unwrap_or_else(|| panic!("{case}: no state-untrusted line: {lines:#?}"));
+        let error = said["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{case}: {error}");
+    }
+}
+
+/// Every file and directory under `dir`, with its size.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("list").flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).expect("meta");
+            if meta.is_dir() {
+                todo.push(e.path());
+            }
+            out.push((e.path(), meta.len()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The node's `mode = "enforce"` is not the pod's to switch off: a pod annotated
+/// `kata-topo.io/mode: audit` and `kata-topo.io/policy: none` still has its cross-node push
+/// refused, and the log names each ignored annotation.
+#[test]
+fn a_pod_annotation_cannot_switch_the_nodes_enforcement_off() {
+    let p = pod("enforce");
+    let config = p.dir.path().join("bundle/config.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).expect("spec")).expect("json");
+    spec["annotations"]["kata-topo.io/mode"] = "audit".into();
+    spec["annotations"]["kata-topo.io/policy"] = "none".into();
+    std::fs::write(&config, spec.to_string()).expect("spec");
+    p.create();
+    match p.update(CROSS) {
+        Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
+        other => panic!("the pod switched enforcement off: {other:?}"),
+    }
+    let lines = p.lines();
+    for annotation in ["kata-topo.io/mode", "kata-topo.io/policy"] {
+        assert!(
+            lines.iter().any(|l| l["rule"] == "override-ignored"
+                && l["observed"]["annotation"] == annotation
+                && l["decision"] == "reject"),
+            "{annotation}: {lines:#?}"
+        );
+    }
 }
