@@ -783,3 +783,27 @@ fn a_fifo_in_the_state_directory_is_unreadable_state() {
         "{text}"
     );
 }
+
+/// A socket that accepts and never answers (a hung containerd, or not containerd at all):
+/// `events` says so and exits 2 within its answer timeout, instead of waiting for ever.
+#[test]
+fn events_on_a_socket_that_never_answers_says_so_and_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    // Accepts every connection and holds it open, reading nothing, answering nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let started = Instant::now();
+    let (code, err) = guarded(&["events", "--address", s(&sock)]);
+    assert_refused(code, &err, &["did not answer", s(&sock)]);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+}
