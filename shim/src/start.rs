@@ -42,6 +42,10 @@ pub struct BundleInfo {
     pub delegate_shim: String,
     /// The state directory.
     pub state_dir: PathBuf,
+    /// The metrics directory, when the daemon writes a metrics file (`delete` removes the
+    /// file of a daemon that died).
+    #[serde(default)]
+    pub metrics_dir: Option<PathBuf>,
 }
 
 impl BundleInfo {
@@ -287,6 +291,7 @@ pub fn run(args: &Args) -> ExitCode {
         namespace: params.namespace.clone(),
         delegate_shim: config.delegate_shim.clone(),
         state_dir: config.state_dir.clone(),
+        metrics_dir: config.metrics_dir.clone(),
     };
     match finish(&bundle, &output.stdout, daemon, &mut undo, info) {
         Ok(reply) => {
