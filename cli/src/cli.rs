@@ -33,7 +33,8 @@ enum Command {
     /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
     /// 1 findings, 2 unreadable state (a node-problem-detector custom plugin).
     Status(status::StatusArgs),
-    /// Follow kata-topo's events (`/kata-topo/*`) from containerd until interrupted.
+    /// Follow kata-topo's events (`/kata-topo/*`) from containerd until interrupted; exit 2
+    /// when containerd does not answer within 5 s.
     Events(events::EventsArgs),
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.

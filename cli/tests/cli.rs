@@ -850,3 +850,90 @@ fn a_fifo_in_the_state_directory_is_unreadable_state() {
         "{text}"
     );
 }
+
+/// A socket that accepts and never answers (a hung containerd, or not containerd at all):
+/// `events` says so and exits 2 within its answer timeout, instead of waiting for ever.
+#[test]
+fn events_on_a_socket_that_never_answers_says_so_and_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    // Accepts every connection and holds it open, reading nothing, answering nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let started = Instant::now();
+    let (code, err) = guarded(&["events", "--address", s(&sock)]);
+    assert_refused(code, &err, &["did not answer", s(&sock)]);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+}
+
+/// A wrapper that died (SIGKILL, a crash) leaves its state until containerd's `delete`: status
+/// tells it from one that serves, by its pid and start time. The exit code still speaks of
+/// findings only (the node-problem-detector condition is a topology mismatch).
+#[test]
+fn status_tells_dead_wrappers_from_serving_ones() {
+    use kata_topo_core::process::ProcessId;
+    use kata_topo_core::state::{DaemonRecord, GroupState};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let me = ProcessId::current(Path::new("/proc")).expect("this process");
+    let record = |wrapper: ProcessId| DaemonRecord {
+        wrapper,
+        delegate_address: "unix:///run/d.sock".into(),
+        delegate: None,
+        config: None,
+        config_source: "built-in-defaults".into(),
+    };
+    GroupState::open(&state, "k8s.io", "alive")
+        .expect("state")
+        .save_daemon(&record(me))
+        .expect("record");
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("wrapper pid {} serving", me.pid)),
+        "{text}"
+    );
+    // The same pid with another start time: a process that is gone, its pid maybe reused.
+    let gone = ProcessId {
+        start_time: me.start_time + 1,
+        ..me
+    };
+    GroupState::open(&state, "k8s.io", "dead")
+        .expect("state")
+        .save_daemon(&record(gone))
+        .expect("record");
+    let out = kata_topo(&["status", "--state-dir", s(&state)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let dead_line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("sandbox dead "))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        dead_line.contains(&format!("wrapper pid {} dead", me.pid))
+            && !dead_line.contains("serving"),
+        "{text}"
+    );
+    assert!(text.contains("1 dead wrapper(s)"), "{text}");
+    let json = stdout_json(&kata_topo(&["status", "--state-dir", s(&state), "--json"]));
+    let by_id = |id: &str| {
+        json["sandboxes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["sandbox_id"] == id))
+            .map(|p| p["wrapper"].clone())
+    };
+    assert_eq!(by_id("alive"), Some(Value::from("serving")), "{json}");
+    assert_eq!(by_id("dead"), Some(Value::from("dead")), "{json}");
+    assert_eq!(json["dead_wrappers"], 1, "{json}");
+}

@@ -302,3 +302,94 @@ fn the_wrappers_socket_is_where_containerd_puts_shim_sockets() {
     c.remove_task("placed");
     assert_eq!(c.wait_clean(Duration::from_secs(20)), Vec::<String>::new());
 }
+
+/// `start` run by hand as containerd would, with input containerd never sends: the wrapper
+/// refuses it with a clear error before anything runs — no delegate, no daemon, no socket.
+#[test]
+fn start_refuses_oversized_options_and_a_relative_socket_dir() {
+    use kata_topo_proto::containerd::runtime::bootstrap::v1::BootstrapParams;
+    use prost::Message;
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ran = tmp.path().join("delegate-ran");
+    let delegate = tmp.path().join("delegate.sh");
+    std::fs::write(
+        &delegate,
+        format!("#!/bin/sh\ntouch {}\nexit 1\n", ran.display()),
+    )
+    .expect("delegate");
+    std::fs::set_permissions(
+        &delegate,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let config = tmp.path().join("kt.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[topology_guard]\ndelegate_shim = \"{}\"\nstate_dir = \"{}\"\n",
+            delegate.display(),
+            tmp.path().join("state").display()
+        ),
+    )
+    .expect("config");
+    let bundle = tmp.path().join("bundle");
+    std::fs::create_dir(&bundle).expect("bundle");
+    let start = |stdin: &[u8]| {
+        let mut child = Command::new(bin_dir().join("containerd-shim-kata-topo-v2"))
+            .args(["-namespace", "default", "-address", "/run/ktc.sock"])
+            .args(["-publish-binary", "/bin/false", "-id", "t1", "start"])
+            .env("KATA_TOPO_CONFIG", &config)
+            .current_dir(&bundle)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the wrapper");
+        let mut pipe = child.stdin.take().expect("stdin");
+        // The wrapper may stop reading early: a broken pipe is expected.
+        let _ = pipe.write_all(stdin);
+        drop(pipe);
+        let out = child.wait_with_output().expect("wait");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+
+    // Runtime options of 8 MiB that decode: containerd sends a few hundred bytes.
+    let options = kata_topo_proto::prost_types::Any {
+        type_url: "containerd.runc.v1.Options".into(),
+        value: vec![0; 8 << 20],
+    };
+    let (ok, text) = start(&options.encode_to_vec());
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("start options on stdin exceed 64 KiB"),
+        "{text}"
+    );
+    assert!(!ran.exists(), "nothing was forwarded to the delegate");
+
+    // A relative socket directory.
+    let params = BootstrapParams {
+        instance_id: "t1".into(),
+        namespace: "default".into(),
+        containerd_version: "2.3.4".into(),
+        socket_dir: Some("s".into()),
+        ..Default::default()
+    };
+    let (ok, text) = start(&params.encode_to_vec());
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("socket_dir") && text.contains("\"s\"") && text.contains("absolute"),
+        "{text}"
+    );
+    assert!(!ran.exists(), "the delegate was not started");
+    assert!(!bundle.join("s").exists(), "no socket left behind");
+    assert_eq!(
+        std::fs::read_dir(&bundle).expect("bundle").count(),
+        0,
+        "nothing left in the bundle"
+    );
+}

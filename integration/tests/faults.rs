@@ -513,3 +513,119 @@ fn a_daemon_that_cannot_set_up_says_why() {
         "wrapper daemon: no listening socket (-listen-fd)\n"
     );
 }
+
+/// The metrics file of a task run through `ctr` (its pod group is the task id).
+fn metrics_file(c: &Containerd, id: &str) -> std::path::PathBuf {
+    c.metrics_dir
+        .join(kata_topo_sinks::metrics::file_name("default", id))
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
+}
+
+/// containerd stopped (SIGSTOP) until dropped.
+struct Paused(u32);
+
+impl Paused {
+    fn containerd(c: &Containerd) -> Self {
+        let config = c.dir.path().join("containerd.toml");
+        let needle = config.to_string_lossy().into_owned();
+        let pid = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+            })
+            .expect("this test's containerd");
+        signal(pid, "-STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+/// Starts a task whose wrapper writes metrics; waits for its file.
+fn run_metered(c: &Containerd, id: &str) -> (u32, u32, u32) {
+    std::fs::create_dir_all(&c.metrics_dir).expect("metrics dir");
+    let shims = run_bg_with_shims(c, id);
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(
+            metrics_file(c, id)
+        )
+        .is_ok_and(|t| t.contains("kata_topo_sandbox_watched"))),
+        "the wrapper writes its metrics file"
+    );
+    (shims.0, shims.1, shims.2)
+}
+
+/// SIGTERM (every node shutdown) ends the wrapper daemon: it takes its metrics file with it —
+/// a daemon that no longer runs watches nothing — and keeps the pod's state for `delete`,
+/// which then stops the delegate.
+#[test]
+fn a_wrapper_ended_by_sigterm_takes_its_metrics_file_along() {
+    let c = Containerd::start(Guard {
+        metrics: true,
+        ..Guard::default()
+    });
+    let (pid, delegate, wrapper) = run_metered(&c, "termed");
+    {
+        // containerd held still: the daemon alone must take the file along (`delete` would
+        // otherwise remove it too, right after).
+        let _paused = Paused::containerd(&c);
+        signal(wrapper, "-TERM");
+        assert!(
+            eventually(Duration::from_secs(10), || !alive(wrapper)),
+            "the wrapper exits on SIGTERM"
+        );
+        assert!(
+            !metrics_file(&c, "termed").exists(),
+            "no stale kata_topo_sandbox_watched: {:?}",
+            std::fs::read_dir(&c.metrics_dir)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(15), || !alive(delegate) && !alive(pid)),
+        "delete stopped the delegate: {:?}",
+        c.leftover_processes()
+    );
+    c.remove_task("termed");
+    assert_eq!(std::fs::read_dir(&c.metrics_dir).expect("dir").count(), 0);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}
+
+/// SIGKILL leaves the wrapper no chance: the `delete` containerd runs once it notices the
+/// dead shim removes the sandbox's metrics file.
+#[test]
+fn a_wrapper_killed_its_metrics_file_goes_at_delete() {
+    let c = Containerd::start(Guard {
+        metrics: true,
+        ..Guard::default()
+    });
+    let (pid, delegate, wrapper) = run_metered(&c, "killed");
+    kill9(wrapper);
+    assert!(
+        eventually(Duration::from_secs(15), || !alive(delegate) && !alive(pid)),
+        "delete ran and stopped the delegate: {:?}",
+        c.leftover_processes()
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || !metrics_file(&c, "killed")
+            .exists()),
+        "no stale kata_topo_sandbox_watched: {:?}",
+        std::fs::read_dir(&c.metrics_dir)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    c.remove_task("killed");
+    assert_eq!(std::fs::read_dir(&c.metrics_dir).expect("dir").count(), 0);
+    assert_eq!(c.wait_clean(Duration::from_secs(15)), Vec::<String>::new());
+}

@@ -57,6 +57,10 @@ pub enum BootstrapError {
     /// The delegate's `start` printed something that is no start reply.
     #[error("kata-topo: cannot understand the delegate's start reply {0:?}")]
     Reply(String),
+    /// The bootstrap's `socket_dir` is not an absolute path (the wrapper's daemon runs in
+    /// another directory than `start`, and would neither find nor remove its socket).
+    #[error("kata-topo: the socket_dir containerd passed ({0:?}) is not an absolute path")]
+    SocketDir(String),
     /// The delegate serves a protocol the wrapper cannot forward.
     #[error("kata-topo: the delegate shim serves {0:?}; kata-topo forwards ttrpc only")]
     Protocol(String),
@@ -174,16 +178,22 @@ impl StartParams {
         };
         let p = stdin.params();
         let ttrpc_env = ttrpc_env.unwrap_or_default();
+        let socket_dir = PathBuf::from(pick(
+            p.and_then(|p| p.socket_dir.as_ref()),
+            DEFAULT_SOCKET_DIR,
+        ));
+        if !socket_dir.is_absolute() {
+            return Err(BootstrapError::SocketDir(
+                socket_dir.to_string_lossy().into_owned(),
+            ));
+        }
         Ok(Self {
             instance_id: pick(p.map(|p| &p.instance_id), &args.id),
             namespace: pick(p.map(|p| &p.namespace), &args.namespace),
             grpc_address: pick(p.map(|p| &p.containerd_grpc_address), &args.address),
             ttrpc_address: pick(p.map(|p| &p.containerd_ttrpc_address), &ttrpc_env),
             containerd_binary: pick(p.map(|p| &p.containerd_binary), &args.publish_binary),
-            socket_dir: PathBuf::from(pick(
-                p.and_then(|p| p.socket_dir.as_ref()),
-                DEFAULT_SOCKET_DIR,
-            )),
+            socket_dir,
             debug: match p {
                 Some(p) => p.log_level <= LogLevel::Debug as i32,
                 None => args.debug,
@@ -509,6 +519,27 @@ mod tests {
         assert_eq!(p.config_path, Some(PathBuf::from("/etc/kata/kt.toml")));
         assert!(!p.debug, "log level INFO");
         assert_eq!(p.protocol, "BootstrapParams from containerd 2.3.4");
+    }
+
+    #[test]
+    fn a_relative_socket_dir_is_refused() {
+        for dir in ["run/k/s", "./s", "s"] {
+            let params = BootstrapParams {
+                instance_id: "t1".into(),
+                containerd_version: "2.3.4".into(),
+                socket_dir: Some(dir.into()),
+                ..Default::default()
+            };
+            let stdin = Stdin::decode(&params.encode_to_vec()).expect("bootstrap");
+            let e = StartParams::resolve(&stdin, &args("-namespace ns -id t1 start"), None)
+                .expect_err("a relative socket_dir");
+            assert_eq!(e, BootstrapError::SocketDir(dir.into()));
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{dir:?}")) && text.contains("absolute"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

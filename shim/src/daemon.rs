@@ -3,7 +3,7 @@
 //!
 //! It exits when the delegate exits (an idle watch connection reaches EOF), cleaning up its
 //! own socket, the delegate's leftover socket and the pod's state; and on SIGTERM/SIGINT,
-//! removing its socket. SIGHUP reopens the log file. `Shutdown` is forwarded like any call:
+//! removing its socket and its metrics file (the state stays for `delete`). SIGHUP reopens the log file. `Shutdown` is forwarded like any call:
 //! the delegate decides whether to exit.
 
 use std::io::Read;

@@ -12,6 +12,9 @@
 //!   Delete, and Shutdown even when Delete failed — and answer with its `DeleteResponse`. If
 //!   Delete did not succeed, the delegate's own `delete` answers.
 //! - Nothing runs any more: remove what is left and hand `delete` to the delegate.
+//!
+//! A wrapper that is gone also leaves its metrics file (it says the sandbox is watched):
+//! `delete` removes it.
 
 use std::io::Write;
 use std::os::unix::process::CommandExt as _;
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use kata_topo_core::files::Dir;
 use kata_topo_core::process::ProcessId;
 use prost::Message;
 
@@ -55,9 +59,15 @@ pub fn run(args: &Args) -> ExitCode {
         let pod = Pod::find(&info, &config.procfs_root);
         if pod.state.is_none() {
             // The daemon exited cleanly (it removes the pod's state last), or never ran.
-            remove_dead_socket(Path::new(socket_path(&info.address)));
+            let socket = Path::new(socket_path(&info.address));
+            remove_dead_socket(socket);
+            if !socket.exists() {
+                remove_metrics(&info, deadline);
+            }
         } else if !pod.wrapper_alive(deadline) {
             remove_dead_socket(Path::new(socket_path(&info.address)));
+            // A daemon killed (SIGKILL, a crash) left its file with the sandbox watched.
+            remove_metrics(&info, deadline);
             let process = pod.delegate(deadline);
             if process.is_some_and(|p| p.is_alive(&config.procfs_root)) {
                 let delegate = Delegate::new(info.delegate_address.clone(), info.delegate_version);
@@ -73,6 +83,32 @@ pub fn run(args: &Args) -> ExitCode {
         }
     }
     hand_to_delegate(&config, args)
+}
+
+/// The longest `delete` waits on the metrics directory: a hung file system costs the file,
+/// not containerd's cleanup budget.
+const METRICS_WAIT: Duration = Duration::from_millis(200);
+
+/// Removes the pod's metrics file, relative to its directory opened without following a
+/// symlink (as the daemon writes it), waiting at most [`METRICS_WAIT`].
+fn remove_metrics(info: &BundleInfo, deadline: Instant) {
+    let Some(dir) = info.metrics_dir.clone() else {
+        return;
+    };
+    let name = kata_topo_sinks::metrics::file_name(&info.namespace, &info.group);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            let _ = Dir::open(&dir).and_then(|d| d.remove(&name));
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(METRICS_WAIT);
+        let _ = rx.recv_timeout(wait);
+    }
 }
 
 /// A pod as `delete` finds it: its bundle's record, its state and who the daemon said serves.

@@ -150,7 +150,7 @@ fn daemon(args: &Args) -> ExitCode {
     let sinks = Sinks {
         log: log.clone(),
         events,
-        metrics,
+        metrics: metrics.clone(),
         drops,
     };
     // Which configuration decided, said before the delegate is asked (a delegate that refuses
@@ -201,6 +201,11 @@ fn daemon(args: &Args) -> ExitCode {
     slog::info!(log, "wrapper daemon exiting"; "event" => "daemon-exit", "reason" => reason,
         "sandbox_id" => &args.group);
     cleanup(&exit, own, &delegate, &checks);
+    if let Exit::Signal(_) = exit {
+        // The pod's state stays for containerd's `delete`, which stops the delegate; the
+        // metrics file goes now: a daemon that no longer runs watches nothing.
+        metrics.remove(Instant::now() + Duration::from_secs(1));
+    }
     done(&log_handle);
     ExitCode::SUCCESS
 }

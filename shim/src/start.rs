@@ -42,6 +42,10 @@ pub struct BundleInfo {
     pub delegate_shim: String,
     /// The state directory.
     pub state_dir: PathBuf,
+    /// The metrics directory, when the daemon writes a metrics file (`delete` removes the
+    /// file of a daemon that died).
+    #[serde(default)]
+    pub metrics_dir: Option<PathBuf>,
 }
 
 impl BundleInfo {
@@ -105,6 +109,11 @@ pub fn group_of(bundle: &Path, task_id: &str) -> String {
 enum StartError {
     #[error("kata-topo: cannot read start options: {0}")]
     Stdin(#[source] std::io::Error),
+    #[error(
+        "kata-topo: start options on stdin exceed {} KiB; containerd sends a few hundred bytes",
+        STDIN_LIMIT / 1024
+    )]
+    StdinTooLarge,
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
     #[error(transparent)]
@@ -166,12 +175,33 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The most `start` accepts on its stdin. containerd writes the runtime options there (Kata's
+/// `runtimeoptions.v1.Options`: a type URL and `ConfigPath`; runc's: a few names and paths),
+/// from 2.3 inside a `BootstrapParams` with ids, addresses, a version and the socket
+/// directory — 100 to 300 bytes as recorded from 1.6.20 and 2.3.4. Every field is an id or a
+/// path (at most `PATH_MAX`, 4 KiB), so even a dozen maximal paths fit in 64 KiB; more is not
+/// something containerd sent, and is not read on, held or forwarded to the delegate.
+const STDIN_LIMIT: usize = 64 * 1024;
+
+/// Reads `start`'s stdin, at most [`STDIN_LIMIT`] bytes.
+fn read_options(input: impl Read) -> Result<Vec<u8>, StartError> {
+    let mut stdin = Vec::new();
+    input
+        .take(STDIN_LIMIT as u64 + 1)
+        .read_to_end(&mut stdin)
+        .map_err(StartError::Stdin)?;
+    if stdin.len() > STDIN_LIMIT {
+        return Err(StartError::StdinTooLarge);
+    }
+    Ok(stdin)
+}
+
 /// Runs `start`.
 pub fn run(args: &Args) -> ExitCode {
-    let mut stdin = Vec::new();
-    if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
-        return fail(StartError::Stdin(e));
-    }
+    let stdin = match read_options(std::io::stdin()) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
     // The bootstrap (containerd 2.3+), else the legacy options, flags and environment.
     let params = match Stdin::decode(&stdin).and_then(|input| {
         StartParams::resolve(&input, &args.flags(), std::env::var("TTRPC_ADDRESS").ok())
@@ -261,6 +291,7 @@ pub fn run(args: &Args) -> ExitCode {
         namespace: params.namespace.clone(),
         delegate_shim: config.delegate_shim.clone(),
         state_dir: config.state_dir.clone(),
+        metrics_dir: config.metrics_dir.clone(),
     };
     match finish(&bundle, &output.stdout, daemon, &mut undo, info) {
         Ok(reply) => {
@@ -586,6 +617,26 @@ mod tests {
         assert_eq!(last_words(&mut quiet), "");
         let _ = quiet.kill();
         let _ = quiet.wait();
+    }
+
+    #[test]
+    fn start_options_beyond_the_bound_are_refused() {
+        let at_bound = vec![7u8; STDIN_LIMIT];
+        assert_eq!(
+            read_options(at_bound.as_slice())
+                .expect("at the bound")
+                .len(),
+            STDIN_LIMIT
+        );
+        // Anything larger, up to hundreds of MiB, used to be read whole and forwarded.
+        let e = read_options(std::io::repeat(7).take(64 * STDIN_LIMIT as u64))
+            .expect_err("4 MiB of options");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("kata-topo: ") && text.contains("64 KiB"),
+            "{text}"
+        );
+        assert!(read_options(&[][..]).expect("nothing").is_empty());
     }
 
     #[test]

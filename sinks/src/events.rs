@@ -1,6 +1,7 @@
 //! containerd events on `/kata-topo/mismatch`: a bounded queue to a publisher thread, which
 //! forwards each through containerd's event service over ttrpc (`TTRPC_ADDRESS`). A slow or
-//! absent containerd costs events, counted, never a request's time.
+//! absent containerd costs events, never a request's time; every event lost — turned away by
+//! the full queue or not taken by containerd — counts in `kata_topo_sink_dropped_total`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,14 +42,23 @@ impl Events {
         let Some(address) = ttrpc_address.filter(|a| !a.is_empty()) else {
             return Self(None);
         };
+        let failed = drops.clone();
         let lane = Lane::start("events", QUEUE, Sink::Events, drops, move |payload| {
             let deadline = Instant::now() + PUBLISH_TIMEOUT;
             if let Err(e) = publish(&address, &namespace, payload, deadline) {
+                // Lost like one the full queue turned away: counted the same.
+                failed.add(Sink::Events, 1);
                 slog::warn!(log, "cannot publish event to containerd";
                     "event" => "publish-failed", "address" => &address, "error" => e.to_string());
             }
         });
         Self(Some(Arc::new(lane)))
+    }
+
+    /// Waits until every event queued so far was published or given up, or `deadline`
+    /// passed.
+    pub fn flush(&self, deadline: Instant) -> bool {
+        self.0.as_ref().is_none_or(|lane| lane.flush(deadline))
     }
 
     /// Queues a verdict for `/kata-topo/mismatch`; drops and counts it if the queue is full.
@@ -106,6 +116,46 @@ pub fn publish(
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn an_event_that_could_not_be_published_is_counted_as_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let verdict: Verdict = serde_json::from_value(serde_json::json!({
+            "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c",
+            "container_name": "app", "pod": {}, "policy": "restricted", "mode": "audit",
+            "decision": "allow", "findings": []
+        }))
+        .expect("verdict");
+        let drops = Drops::new();
+        // No containerd behind the address: every publish fails.
+        let events = Events::start(
+            Some(format!("unix://{}", dir.path().join("gone.sock").display())),
+            "k8s.io".into(),
+            Logger::root(slog::Discard, slog::o!()),
+            drops.clone(),
+        );
+        events.mismatch(&verdict);
+        events.mismatch(&verdict);
+        assert!(events.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(drops.get(Sink::Events), 2);
+        // One containerd refuses: counted too.
+        let sock = dir.path().join("refusing.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                drop(conn);
+            }
+        });
+        let events = Events::start(
+            Some(format!("unix://{}", sock.display())),
+            "k8s.io".into(),
+            Logger::root(slog::Discard, slog::o!()),
+            drops.clone(),
+        );
+        events.mismatch(&verdict);
+        assert!(events.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(drops.get(Sink::Events), 3);
+    }
 
     #[test]
     fn a_containerd_that_never_accepts_costs_at_most_the_deadline() {

@@ -7,9 +7,9 @@
 //! reads, a full disk or a hung filesystem costs lines, counted and reported in a line once
 //! writing works again — never a caller's time.
 //!
-//! The file is created 0640, never through a symlink, and reopened when it was rotated (its
-//! name points at another inode, checked at most once a second) or when [`Log::reopen`] is
-//! called (the daemon does on SIGHUP). logrotate therefore needs neither `copytruncate` nor a
+//! The file is created 0640, never through a symlink, and reopened by its path — directory
+//! included — when it was rotated (its path names another inode, or nothing, checked at most
+//! once a second) or when [`Log::reopen`] is called (the daemon does on SIGHUP). logrotate therefore needs neither `copytruncate` nor a
 //! signal; a signal makes the switch immediate.
 
 use std::fs::File;
@@ -180,7 +180,6 @@ impl Drain for LineDrain {
 struct FileWriter {
     dir_path: PathBuf,
     name: String,
-    dir: Option<Dir>,
     file: Option<(File, (u64, u64))>,
     checked: Instant,
     reopen: Arc<AtomicBool>,
@@ -203,7 +202,6 @@ impl FileWriter {
         Self {
             dir_path,
             name,
-            dir: None,
             file: None,
             checked: Instant::now(),
             reopen,
@@ -213,35 +211,36 @@ impl FileWriter {
         }
     }
 
-    fn open(&mut self) {
+    /// Opens the file by its path: the directory too, so a directory rotated away (moved, a
+    /// new one made in its place) is left for the new one.
+    fn open(&mut self, dir: Option<Dir>) {
         self.checked = Instant::now();
-        if self.dir.is_none() {
-            self.dir = Dir::open(&self.dir_path).ok();
-        }
-        self.file = self.dir.as_ref().and_then(|d| {
+        let dir = dir.or_else(|| Dir::open(&self.dir_path).ok());
+        self.file = dir.as_ref().and_then(|d| {
             let f = d.open_append(&self.name, MODE).ok()?;
             let id = identity(&f).ok()?;
             Some((f, id))
         });
     }
 
-    /// Reopens when asked to, when the file was rotated away, or (once a second) when it
-    /// could not be opened before.
+    /// Reopens when asked to, when the file (or its directory) was rotated away, or (once a
+    /// second) when it could not be opened before.
     fn check(&mut self) {
         if self.reopen.swap(false, Ordering::Relaxed) {
-            return self.open();
+            return self.open(None);
         }
         if self.checked.elapsed() < ROTATION_CHECK {
             return;
         }
         self.checked = Instant::now();
-        let current = self
-            .dir
+        // What the path names now, looked up from the top.
+        let dir = Dir::open(&self.dir_path).ok();
+        let current = dir
             .as_ref()
             .and_then(|d| d.identity(&self.name).ok().flatten());
         match (&self.file, current) {
             (Some((_, id)), Some(now)) if *id == now => {}
-            _ => self.open(),
+            _ => self.open(dir),
         }
     }
 
@@ -502,6 +501,36 @@ mod tests {
         slog::info!(log.logger(), "three");
         assert!(log.flush(Instant::now() + Duration::from_secs(10)));
         assert_eq!(lines(&path)[0]["msg"], "three");
+    }
+
+    #[test]
+    fn a_rotated_directory_is_followed_to_the_new_one() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("kata-topo");
+        std::fs::create_dir(&dir).expect("dir");
+        let path = dir.join("kt.log");
+        let log = Log::with_journal(&path, false, None, Drops::new());
+        slog::info!(log.logger(), "one");
+        assert!(log.flush(Instant::now() + Duration::from_secs(10)));
+        // The whole directory rotated away and a new one made in its place.
+        let old = root.path().join("kata-topo.1");
+        std::fs::rename(&dir, &old).expect("rotate the directory");
+        std::fs::create_dir(&dir).expect("new dir");
+        log.reopen();
+        slog::info!(log.logger(), "two");
+        assert!(log.flush(Instant::now() + Duration::from_secs(10)));
+        let msgs = |p: &Path| -> Vec<Value> { lines(p).iter().map(|l| l["msg"].clone()).collect() };
+        assert_eq!(msgs(&old.join("kt.log")), ["one"]);
+        assert_eq!(msgs(&path), ["two"], "SIGHUP writes into the new directory");
+        // Without a signal, within a second or so.
+        let older = root.path().join("kata-topo.2");
+        std::fs::rename(&dir, &older).expect("rotate again");
+        std::fs::create_dir(&dir).expect("newer dir");
+        std::thread::sleep(ROTATION_CHECK + Duration::from_millis(100));
+        slog::info!(log.logger(), "three");
+        assert!(log.flush(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(msgs(&older.join("kt.log")), ["two"]);
+        assert_eq!(msgs(&path), ["three"]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Prometheus text files for node-exporter's textfile collector: one file per sandbox,
-//! `kata-topo-<namespace>-<sandbox>.prom`, every series labelled with `namespace` and
+//! `kata-topo-<namespace>-<sandbox>.prom` ([`file_name`]), every series labelled with `namespace` and
 //! `sandbox_id` so files never collide and counters never double count.
 //!
 //! A check only bumps counters in memory and marks them dirty; a writer thread renders the
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use kata_topo_core::files::Dir;
 use kata_topo_core::Verdict;
+use sha2::{Digest, Sha256};
 
 use crate::queue::{Drops, Sink};
 
@@ -26,6 +27,8 @@ const BUCKETS: [f64; 11] = [
 const IDLE: Duration = Duration::from_secs(5);
 /// The file's mode: node-exporter runs as another user and must read it.
 const MODE: u32 = 0o644;
+/// The longest file name: the temporary name adds 22 bytes, and a name has at most 255.
+const MAX_NAME: usize = 200;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -61,13 +64,40 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// The file's name for a sandbox.
+/// Spells a name out for a file name: ASCII letters, digits, `.` and `_` as they are (and `-`
+/// when `dash`), every other byte as `%XX`. Reversible, so distinct names stay distinct.
+fn spell(v: &str, dash: bool) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_') || (dash && b == b'-') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The file's name for a sandbox: `kata-topo-<namespace>-<sandbox>.prom`, one per pod. Each
+/// part is spelled out with [`spell`]; the namespace's own dashes are escaped, so the first
+/// dash after the prefix is the boundary and `a-b`/`c` never meets `a`/`b-c`. A name too
+/// long for the file system becomes `kata-topo-%~<sha256 of both parts>.prom` (`%~` never
+/// occurs in a spelled-out name); the series inside carry the names in their labels.
 pub fn file_name(namespace: &str, sandbox: &str) -> String {
-    format!(
+    let name = format!(
         "kata-topo-{}-{}.prom",
-        kata_topo_core::state::safe_name(namespace),
-        kata_topo_core::state::safe_name(sandbox)
-    )
+        spell(namespace, false),
+        spell(sandbox, true)
+    );
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let mut h = Sha256::new();
+    h.update((namespace.len() as u64).to_be_bytes());
+    h.update(namespace.as_bytes());
+    h.update(sandbox.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("kata-topo-%~{hex}.prom")
 }
 
 impl Metrics {
@@ -374,6 +404,83 @@ mod tests {
         let text = wait_for(&textfile.join(&name), |t| t.contains("checks_total"));
         assert!(text.contains("kata_topo_checks_total"), "{text}");
         assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+    }
+
+    /// Reads a file name back into its namespace and sandbox (what an operator, or a
+    /// tool, can do): only possible when no two pods share a name.
+    fn parse(name: &str) -> Option<(String, String)> {
+        fn unescape(s: &str) -> Option<String> {
+            let mut out = Vec::new();
+            let b = s.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' {
+                    let hex = s.get(i + 1..i + 3)?;
+                    out.push(u8::from_str_radix(hex, 16).ok()?);
+                    i += 3;
+                } else {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(out).ok()
+        }
+        let rest = name.strip_prefix("kata-topo-")?.strip_suffix(".prom")?;
+        let (ns, sb) = rest.split_once('-')?;
+        Some((unescape(ns)?, unescape(sb)?))
+    }
+
+    #[test]
+    fn file_names_are_one_per_pod_and_readable() {
+        // Plain names read as they are.
+        assert_eq!(file_name("k8s.io", "sb1"), "kata-topo-k8s.io-sb1.prom");
+        assert_eq!(
+            file_name("default", "planted"),
+            "kata-topo-default-planted.prom"
+        );
+        // A dash in either part no longer moves the boundary between them.
+        assert_ne!(file_name("a-b", "c"), file_name("a", "b-c"));
+        assert_eq!(
+            parse(&file_name("a-b", "c")),
+            Some(("a-b".into(), "c".into()))
+        );
+        assert_eq!(
+            parse(&file_name("a", "b-c")),
+            Some(("a".into(), "b-c".into()))
+        );
+        for (ns, sb) in [
+            ("k8s.io", "../../etc/passwd"),
+            ("", ""),
+            ("x", ".hidden"),
+            ("%41", "A"),
+            ("A", "%41"),
+            ("ns", "caf\u{e9}\n\0"),
+        ] {
+            let name = file_name(ns, sb);
+            assert!(!name.contains('/') && !name.contains('\0'), "{name:?}");
+            assert_eq!(parse(&name), Some((ns.into(), sb.into())), "{name}");
+        }
+        // Too long to spell out: a digest of both parts, still one per pod.
+        let long = "s".repeat(300);
+        let name = file_name("k8s.io", &long);
+        assert!(name.len() <= MAX_NAME, "{}", name.len());
+        assert_ne!(name, file_name("k8s.io", &"s".repeat(301)));
+        assert_ne!(name, file_name("k8s.i", &format!("o{long}")));
+        assert!(name.starts_with("kata-topo-") && name.ends_with(".prom"));
+        assert_eq!(parse(&name), None, "never mistaken for a spelled-out name");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn file_names_never_collide(
+            a in ("[a-cé.%/ -]{0,6}", "[a-cé.%/ -]{0,6}"),
+            b in ("[a-cé.%/ -]{0,6}", "[a-cé.%/ -]{0,6}"),
+        ) {
+            let (na, nb) = (file_name(&a.0, &a.1), file_name(&b.0, &b.1));
+            proptest::prop_assert_eq!(na == nb, a == b, "{} {}", na, nb);
+            proptest::prop_assert_eq!(parse(&na), Some(a.clone()));
+            proptest::prop_assert!(!na.contains('/'));
+        }
     }
 
     #[test]

@@ -3,12 +3,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use kata_topo_core::text::printable;
 
 use crate::out;
+
+/// How long containerd has to answer before `events` gives up on it.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Args)]
 pub(crate) struct EventsArgs {
@@ -29,6 +33,7 @@ pub(crate) struct EventsArgs {
 
 pub(crate) fn events(args: &EventsArgs) -> Result<ExitCode> {
     use containerd_client::services::v1::events_client::EventsClient;
+    use containerd_client::services::v1::version_client::VersionClient;
     use containerd_client::services::v1::SubscribeRequest;
     use prost::Message;
 
@@ -37,11 +42,35 @@ pub(crate) fn events(args: &EventsArgs) -> Result<ExitCode> {
         .build()
         .context("cannot start the event loop")?;
     rt.block_on(async {
-        let channel = containerd_client::connect(&args.address)
-            .await
-            .with_context(|| {
-                format!("cannot connect to containerd at {}", args.address.display())
-            })?;
+        // A socket that accepts and never answers (a hung containerd, or something else
+        // entirely) would hold the subscription for ever, and containerd answers it only with
+        // the first event: containerd must first answer `Version`, within the timeout.
+        let answered = tokio::time::timeout(ANSWER_TIMEOUT, async {
+            let channel = containerd_client::connect(&args.address)
+                .await
+                .with_context(|| {
+                    format!("cannot connect to containerd at {}", args.address.display())
+                })?;
+            VersionClient::new(channel.clone())
+                .version(())
+                .await
+                .with_context(|| {
+                    format!(
+                        "{} does not answer as containerd does",
+                        args.address.display()
+                    )
+                })?;
+            anyhow::Ok(channel)
+        })
+        .await;
+        let channel = match answered {
+            Ok(channel) => channel?,
+            Err(_) => anyhow::bail!(
+                "{} did not answer within {} s: is containerd hung, or is this not containerd's socket?",
+                args.address.display(),
+                ANSWER_TIMEOUT.as_secs()
+            ),
+        };
         let mut filter = r#"topic~="^/kata-topo/""#.to_string();
         if let Some(ns) = &args.namespace {
             filter.push_str(&format!(",namespace=={ns}"));

@@ -1,12 +1,13 @@
 //! `kata-topo status`: the sandboxes the wrappers watch, read from their state directory, with
-//! their baselines and latest findings; the exit code tells clean, findings or unreadable state
-//! apart (a node-problem-detector custom plugin).
+//! their baselines and latest findings, and whether each wrapper still serves; the exit code
+//! tells clean, findings or unreadable state apart (a node-problem-detector custom plugin).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kata_topo_core::state::PodState;
 
 use crate::out::{self, outln};
 
@@ -29,9 +30,23 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
         .map(|(_, v)| v.findings.len())
         .sum();
     let unreadable: usize = pods.iter().map(|p| p.unreadable.len()).sum();
+    let wrappers: Vec<Wrapper> = pods.iter().map(Wrapper::of).collect();
+    let dead = wrappers.iter().filter(|w| **w == Wrapper::Dead).count();
     if args.json {
+        let sandboxes = pods
+            .iter()
+            .zip(&wrappers)
+            .map(|(p, w)| {
+                let mut v = serde_json::to_value(p)?;
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("wrapper".into(), w.as_str().into());
+                }
+                Ok(v)
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
         out::json(&serde_json::to_string_pretty(&serde_json::json!({
-            "sandboxes": pods, "findings": findings, "unreadable": unreadable
+            "sandboxes": sandboxes, "findings": findings, "unreadable": unreadable,
+            "dead_wrappers": dead
         }))?)?;
     } else {
         if pods.is_empty() {
@@ -40,7 +55,7 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
                 args.state_dir.display()
             );
         }
-        for p in &pods {
+        for (p, wrapper) in pods.iter().zip(&wrappers) {
             let pod = p
                 .verdicts
                 .iter()
@@ -63,8 +78,12 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
             );
             if let Some(d) = &p.daemon {
                 outln!(
-                    "  wrapper pid {}: configuration {} (from {}), delegate {}",
+                    "  wrapper pid {} {}: configuration {} (from {}), delegate {}",
                     d.wrapper.pid,
+                    match wrapper {
+                        Wrapper::Dead => "dead (its state waits for containerd's delete)",
+                        _ => wrapper.as_str(),
+                    },
                     d.config
                         .as_ref()
                         .map_or("none (built-in defaults)".to_string(), |c| c
@@ -101,7 +120,11 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
                 outln!("  unreadable: {u}");
             }
         }
-        outln!("{findings} finding(s)");
+        if dead > 0 {
+            outln!("{findings} finding(s), {dead} dead wrapper(s)");
+        } else {
+            outln!("{findings} finding(s)");
+        }
     }
     Ok(ExitCode::from(if unreadable > 0 {
         2
@@ -110,4 +133,34 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
     } else {
         0
     }))
+}
+
+/// Whether a pod's wrapper daemon still runs, told the way `delete` tells it: by the pid and
+/// start time it recorded (a socket may still accept for a moment after its daemon died).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wrapper {
+    /// It runs.
+    Serving,
+    /// It is gone (killed, crashed); what it left waits for containerd's `delete`.
+    Dead,
+    /// It recorded nothing (yet).
+    Unknown,
+}
+
+impl Wrapper {
+    fn of(p: &PodState) -> Self {
+        match &p.daemon {
+            Some(d) if d.wrapper.is_alive(Path::new("/proc")) => Self::Serving,
+            Some(_) => Self::Dead,
+            None => Self::Unknown,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Serving => "serving",
+            Self::Dead => "dead",
+            Self::Unknown => "unknown",
+        }
+    }
 }
