@@ -80,6 +80,8 @@ impl SysfsTree {
     pub fn add_iommufd(&self, name: &str, bdf: Bdf) -> io::Result<()> {
         let dir = self.root.join("class/vfio-dev").join(name);
         std::fs::create_dir_all(&dir)?;
+        // Its character device's number: only a kernel with iommufd's VFIO cdev (6.6+) has one.
+        std::fs::write(dir.join("dev"), "511:0\n")?;
         let bus_dir = format!("pci{:04x}:{:02x}", bdf.domain, bdf.bus);
         replace_link(
             &dir.join("device"),

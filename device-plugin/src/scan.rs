@@ -198,6 +198,23 @@ fn iommufd_devices(sysfs: &Sysfs, skipped: &mut Vec<Skipped>) -> BTreeMap<Bdf, S
         }
     };
     for name in names {
+        // A `vfio-dev` class entry without a character device (`dev`): kernels before
+        // iommufd's VFIO cdev (6.1, Debian bookworm's) list the class but make no
+        // /dev/vfio/devices/vfioN, and a container cannot be given what does not exist.
+        match sysfs.attribute(&format!("class/vfio-dev/{name}/dev")) {
+            Ok(Some(_)) => {}
+            Ok(None) => continue,
+            Err(e) => {
+                skipped.push(Skipped {
+                    device: format!(
+                        "class/vfio-dev/{}",
+                        name.chars().take(64).collect::<String>()
+                    ),
+                    why: error_chain(&e),
+                });
+                continue;
+            }
+        }
         match sysfs.devices_of(&VfioRef::Device(name.clone())) {
             Ok(bdfs) => {
                 for bdf in bdfs {
@@ -264,6 +281,25 @@ mod tests {
         add("0000:02:00.0", 0, Some("vfio-pci"), None);
         add("0000:03:00.0", 0, None, Some("5"));
         (dir, tree)
+    }
+
+    /// Found by the real kubelet on Debian's 6.1 kernel: `class/vfio-dev/vfio0` without a
+    /// character device, and a container given `/dev/vfio/devices/vfio0` failed to be created.
+    #[test]
+    fn a_vfio_dev_class_entry_without_a_character_device_is_no_iommufd_device() {
+        let (_dir, tree) = host();
+        std::fs::remove_file(tree.root().join("class/vfio-dev/vfio0/dev")).expect("rm dev");
+        let scan = scan(&Sysfs::new(tree.root()), &[]).expect("scan");
+        let nic = scan
+            .devices
+            .iter()
+            .find(|d| d.bdf == bdf("0000:80:00.0"))
+            .expect("the NIC is still advertised");
+        assert_eq!(nic.iommufd, None);
+        assert_eq!(
+            VfioDevice::device_paths([nic]),
+            ["/dev/vfio/vfio", "/dev/vfio/42"]
+        );
     }
 
     #[test]
