@@ -2,7 +2,10 @@
 //! loop pushes the same cpuset every 10 s: a verdict is announced only when its findings
 //! differ from the last verdict announced for the same task and update class (or create
 //! operation); a `noop` update (what is in force pushed again) is a repeat when its findings
-//! equal any announced for the task; a clean verdict re-arms the task.
+//! equal any announced for the task; a clean verdict re-arms the task, unless it is a clean
+//! `noop`: that only says what is in force is clean, which a refused request never changed.
+//! The real kubelet retries a refused resize about once a second and pushes the container's
+//! cpuset again (a clean `noop`) between the retries; each retry is the same request, not news.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -25,7 +28,9 @@ impl Announcer {
         );
         let mut announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
         if v.findings.is_empty() {
-            announced.retain(|(t, _), _| t != task_id);
+            if v.class != Some(UpdateClass::Noop) {
+                announced.retain(|(t, _), _| t != task_id);
+            }
             return false;
         }
         let signature = serde_json::to_string(&(&v.findings, v.decision)).unwrap_or_default();
@@ -49,5 +54,57 @@ impl Announcer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(t, _), _| t != task_id && !t.starts_with(&format!("{task_id}/")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verdict of the shape the wrapper makes: `class` null for creates.
+    fn verdict(class: Option<&str>, rules: &[&str], decision: &str) -> Verdict {
+        let findings: Vec<serde_json::Value> = rules
+            .iter()
+            .map(|r| {
+                serde_json::json!({"rule": r, "severity": "error", "message": "m",
+                    "expected": {"numa_nodes": [0]}, "observed": {"limit_bytes": 1805647872u64}})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "operation": if class.is_some() { "update" } else { "create" },
+            "class": class, "sandbox_id": "sb", "container_id": "c1", "container_name": "app",
+            "pod": {"name": "kt-enforce", "namespace": "default", "uid": "u"},
+            "policy": "restricted", "mode": "enforce", "decision": decision,
+            "findings": findings,
+        }))
+        .expect("verdict")
+    }
+
+    /// What the real kubelet (v1.36.3) sent for a pod whose resize kata-topo refused: the
+    /// resize, then the CPU manager's push of the cpuset in force (a clean noop), then the
+    /// resize again, about once a second, for as long as the resize is pending.
+    #[test]
+    fn the_kubelets_retries_of_a_refused_resize_are_announced_once() {
+        let a = Announcer::default();
+        let refused = verdict(Some("resize"), &["memory-exceeds-nodes"], "reject");
+        let push = verdict(Some("noop"), &[], "allow");
+        assert!(a.should_announce("c1", &refused));
+        for _ in 0..5 {
+            assert!(!a.should_announce("c1", &push));
+            assert!(!a.should_announce("c1", &refused));
+        }
+    }
+
+    #[test]
+    fn a_clean_change_re_arms_the_task() {
+        let a = Announcer::default();
+        let crossing = verdict(Some("cpuset"), &["cpu-outside-intent"], "allow");
+        assert!(a.should_announce("c1", &crossing));
+        assert!(!a.should_announce("c1", &crossing));
+        // Back home: a clean cpuset push; crossing again is news.
+        assert!(!a.should_announce("c1", &verdict(Some("cpuset"), &[], "allow")));
+        assert!(a.should_announce("c1", &crossing));
+        // Other tasks are their own.
+        assert!(a.should_announce("c2", &crossing));
     }
 }
