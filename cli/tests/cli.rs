@@ -937,3 +937,60 @@ fn status_tells_dead_wrappers_from_serving_ones() {
     assert_eq!(by_id("dead"), Some(Value::from("dead")), "{json}");
     assert_eq!(json["dead_wrappers"], 1, "{json}");
 }
+
+/// `kata-topo topology` on a live machine whose discovery blocks (a snapshot discovered through
+/// `HWLOC_FSROOT`, with a FIFO nobody writes where hwloc reads `/proc/cpuinfo`): it says what
+/// it is waiting for while it waits, and gives up at its deadline, exit 2.
+#[test]
+fn a_live_discovery_that_blocks_is_named_and_given_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../core/tests/fixtures/hwloc/fsroot/40intel64-2g2n4c+pcilocality.tar.bz2");
+    let status = Command::new("tar")
+        .arg("-xjf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .expect("run tar (needs bzip2)");
+    assert!(status.success());
+    let root = dir.path().join("40intel64-2g2n4c+pci");
+    let _ = std::fs::remove_file(root.join("proc/cpuinfo"));
+    mkfifo(&root.join("proc/cpuinfo"));
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["topology", "--timeout", "2"])
+        .env("HWLOC_FSROOT", &root)
+        .env("HWLOC_COMPONENTS", "linux,stop")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kata-topo");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kata-topo topology did not exit: it blocks");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].contains("waiting for") && lines[0].contains("discovering the live machine"),
+        "{err}"
+    );
+    assert!(
+        lines[1].contains("gave up after 2 s") && lines[1].contains("discovering the live machine"),
+        "{err}"
+    );
+}

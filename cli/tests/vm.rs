@@ -150,3 +150,108 @@ fn a_process_that_is_not_a_vmm_says_so() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("999999999"));
 }
+
+/// A real impostor: a copy of a shell named `qemu-system-x86_64` that names its thread
+/// `CPU 0/TCG` — QEMU under TCG by its executable's name and its thread's — run as `nobody`
+/// with `setpriv`. It is not taken for a VMM, and the output names the owner check; run as
+/// root it still fails the executable check when the hypervisor's path is given. Needs root.
+#[test]
+fn an_impostor_qemu_is_rejected_naming_the_check() {
+    assert!(
+        is_root(),
+        "this test needs root (to run a process as nobody)"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let copy = dir.path().join("qemu-system-x86_64");
+    std::fs::copy("/bin/bash", &copy).expect("copy bash");
+    let script = "printf 'CPU 0/TCG' > /proc/$$/comm; sleep 60 & wait";
+    let spawn = |as_nobody: bool| {
+        let mut cmd = if as_nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&copy);
+            c
+        } else {
+            Command::new(&copy)
+        };
+        let child = cmd.args(["-c", script]).spawn().expect("run the impostor");
+        Reaper(child)
+    };
+    let look = |pid: u32, extra: &[&str]| -> Value {
+        // Its thread renames itself once it runs.
+        for _ in 0..100 {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "CPU 0/TCG")
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+            .args(["vm", "--json", "--pid", &pid.to_string()])
+            .args(extra)
+            .output()
+            .expect("run kata-topo");
+        serde_json::from_str(&text(&out)).expect("JSON")
+    };
+
+    let nobody = spawn(true);
+    let v = look(nobody.0.id(), &[]);
+    assert_eq!(v["accel"], Value::Null, "{v:#}");
+    assert_eq!(v["rejected"]["check"], "owner", "{v:#}");
+    assert!(
+        v["rejected"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("uid 65534")),
+        "{v:#}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["vm", "--pid", &nobody.0.id().to_string()])
+        .output()
+        .expect("run kata-topo");
+    assert!(
+        text(&out).contains("is not the sandbox's: the owner check failed"),
+        "{}",
+        text(&out)
+    );
+
+    let root = spawn(false);
+    let v = look(root.0.id(), &[]);
+    assert_eq!(
+        v["accel"], "tcg",
+        "nothing configured to tell it apart: {v:#}"
+    );
+    let v = look(
+        root.0.id(),
+        &["--hypervisor", "/usr/bin/qemu-system-x86_64"],
+    );
+    assert_eq!(v["rejected"]["check"], "executable", "{v:#}");
+    let v = look(root.0.id(), &["--sandbox", "4f1c0e5a9b7d"]);
+    assert_eq!(v["rejected"]["check"], "sandbox", "{v:#}");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .map(|u| u.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Kills its process when dropped.
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,7 +1,8 @@
 //! `make bench`: the cost of one check with the topology already loaded (the request path),
 //! of loading each topology (off the request path), and of the node-wide topology cache: a
 //! live discovery against reading the machine's key and loading the cached XML, on this
-//! machine and on a 40-PU, 4-node snapshot of a real one discovered through `HWLOC_FSROOT`.
+//! machine and on a 40-PU, 4-node snapshot of a real one discovered through `HWLOC_FSROOT`;
+//! and how often the cache's key changes on this node when nothing happens (reloads per hour).
 //! Target: a check under 50 µs.
 
 use std::path::PathBuf;
@@ -180,5 +181,63 @@ fn cache(c: &mut Criterion) {
     std::env::remove_var("HWLOC_COMPONENTS");
 }
 
-criterion_group!(benches, checks, loads, cache);
+/// How often the cache's key changes on this node when nothing happens to its topology: the
+/// key is read every `KT_BENCH_KEY_INTERVAL_MS` (2000) for `KT_BENCH_KEY_SECONDS` (60), and the
+/// changes are extrapolated to an hour — each change is a reload (a cached load, or a
+/// discovery) in every pod's daemon at its next refresh. For comparison, the same for each
+/// node's `MemTotal`, which the key held before: it moves with virtio-mem and balloon drivers.
+fn reloads(_c: &mut Criterion) {
+    let number = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let seconds = number("KT_BENCH_KEY_SECONDS", 60).max(1);
+    let interval =
+        std::time::Duration::from_millis(number("KT_BENCH_KEY_INTERVAL_MS", 2000).max(10));
+    let state = tempfile::tempdir().expect("tempdir");
+    let cache = TopologyCache::new(state.path(), "/");
+    let mem_totals = || -> Vec<String> {
+        let mut totals: Vec<String> = std::fs::read_dir("/sys/devices/system/node")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+            .filter_map(|e| std::fs::read_to_string(e.path().join("meminfo")).ok())
+            .filter_map(|m| {
+                m.lines()
+                    .find(|l| l.contains("MemTotal:"))
+                    .map(str::to_string)
+            })
+            .collect();
+        totals.sort();
+        totals
+    };
+    let (mut key, mut totals) = (cache.key().expect("key"), mem_totals());
+    let (mut key_changes, mut total_changes, mut samples) = (0u64, 0u64, 1u64);
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(seconds) {
+        std::thread::sleep(interval);
+        let (k, t) = (cache.key().expect("key"), mem_totals());
+        if k != key {
+            key_changes += 1;
+            println!("  key changed: {}", k.changed_since(&key).join(", "));
+        }
+        total_changes += u64::from(t != totals);
+        (key, totals) = (k, t);
+        samples += 1;
+    }
+    let per_hour = |n: u64| n as f64 * 3600.0 / start.elapsed().as_secs_f64();
+    println!(
+        "topology cache key on this node, idle: {samples} reads over {:.0} s; {key_changes} \
+         changes: {:.0} reloads per hour (each node's MemTotal, keyed before: {total_changes} \
+         changes, {:.0} per hour)",
+        start.elapsed().as_secs_f64(),
+        per_hour(key_changes),
+        per_hour(total_changes)
+    );
+}
+
+criterion_group!(benches, reloads, checks, loads, cache);
 criterion_main!(benches);

@@ -12,7 +12,7 @@
 //! | `software` | kata-topo's version, the running hwloc's API version, every `HWLOC_*` variable | an upgrade, another hwloc setting |
 //! | `boot` | `/proc/sys/kernel/random/boot_id` | a reboot (firmware settings such as SNC, a new BIOS, moved cards) |
 //! | `cpus` | `devices/system/cpu/{online,present}` | a CPU taken offline or online, hot-added |
-//! | `nodes` | `devices/system/node/online`, each node's `cpulist` and `MemTotal` | a node going offline, memory hot-plugged or ballooned |
+//! | `nodes` | `devices/system/node/online`, each node's `cpulist` and memory blocks (`memory<N>`) | a node going offline, a memory block hot-plugged or removed |
 //! | `pci` | each `bus/pci/devices/<bdf>`: `numa_node`, `local_cpus` (where hwloc places it) and `uevent` (driver, class, vendor and device ids) | a device added, removed, moved or re-bound (e.g. to `vfio-pci`) |
 //!
 //! Reading the key costs a few small sysfs reads per PCI device; a discovery on a two-socket
@@ -21,18 +21,26 @@
 //! Trust: the directory must belong to this process's effective user and be writable by
 //! nobody else, and so must the file (a regular file, opened without following a symlink);
 //! anything else is rediscovered and replaced. Files are written whole under a temporary name
-//! and renamed ([`crate::files`]). The key is read before and after a discovery; when the
-//! machine changed meanwhile the result is used but not stored.
+//! and renamed ([`crate::files`]). The key is read before and after a discovery, and the
+//! discovery is held to the key's facts ([`CacheKey::check`]); when the machine changed
+//! meanwhile — even back again — the result is used but not stored.
+//!
+//! A node's `MemTotal` is not part of the key: virtio-mem and balloon drivers move it inside
+//! blocks already online, without any change of topology. It is read afresh at every load
+//! ([`TopologyCache::with_live_memory`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::files::Dir;
-use crate::host::{Bdf, Host, HostError, TopologySource, MAX_XML_BYTES};
+use crate::host::{Bdf, Host, HostError, Locality, TopologySource, MAX_XML_BYTES};
+use crate::idset::IdSet;
 use crate::sysfs::{Sysfs, SysfsError};
+use crate::wait::Progress;
 
 /// The prefix of the cache files in `state_dir`.
 pub const FILE_PREFIX: &str = "topology-";
@@ -72,6 +80,32 @@ pub enum KeyError {
 pub struct CacheKey {
     parts: Vec<(&'static str, String)>,
     digest: String,
+    /// What of the key a host model shows, to hold a discovery to ([`CacheKey::check`]).
+    facts: Facts,
+}
+
+/// The key's topology facts as sets, where they parse: what a discovered host must show for
+/// it to be stored under the key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Facts {
+    /// The online CPUs.
+    online: Option<IdSet>,
+    /// Each node the kernel lists, with its CPUs.
+    nodes: Option<Vec<(u32, Option<IdSet>)>>,
+    /// Each PCI function (`None`: no PCI bus in this sysfs).
+    pci: Option<Vec<PciFact>>,
+}
+
+/// One PCI function as the key read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PciFact {
+    bdf: Bdf,
+    /// `PCI_CLASS` (24 bits: class, subclass, programming interface).
+    class: Option<u32>,
+    /// `PCI_ID`: vendor and device.
+    ids: Option<(u16, u16)>,
+    /// `local_cpus`: where hwloc places the device.
+    local_cpus: Option<IdSet>,
 }
 
 impl CacheKey {
@@ -118,12 +152,13 @@ impl CacheKey {
             .trim()
             .to_string();
 
+        let online = required("online CPUs", "devices/system/cpu/online")?;
         let cpus = format!(
-            "online {}; present {}",
-            required("online CPUs", "devices/system/cpu/online")?,
+            "online {online}; present {}",
             required("present CPUs", "devices/system/cpu/present")?
         );
 
+        let mut nodes_facts = None;
         let nodes = match list("NUMA nodes", "devices/system/node")? {
             Some(names) => {
                 let mut ids: Vec<u32> = names
@@ -136,34 +171,33 @@ impl CacheKey {
                     attr("online NUMA nodes", "devices/system/node/online")?
                         .unwrap_or_else(|| "-".into())
                 );
+                let mut facts = Vec::new();
                 for id in ids {
                     let dir = format!("devices/system/node/node{id}");
                     let cpus = attr("a node's CPUs", &format!("{dir}/cpulist"))?;
-                    let memory = attr("a node's memory", &format!("{dir}/meminfo"))?;
+                    let blocks = list("a node's memory blocks", &dir)?.unwrap_or_default();
                     text.push_str(&format!(
-                        "; node{id} cpus {} memory {}",
+                        "; node{id} cpus {} memory blocks {}",
                         cpus.as_deref().unwrap_or("-"),
-                        memory.as_deref().map_or("-", mem_total)
+                        memory_blocks(&blocks)
                     ));
+                    facts.push((id, cpus.and_then(|c| IdSet::parse(c.trim()).ok())));
                 }
+                nodes_facts = Some(facts);
                 text
             }
             // A kernel without NUMA: hwloc makes one node of the machine's memory.
             None => {
-                let path = root.join("proc/meminfo");
-                let meminfo = crate::fsutil::read_text_bounded_nofollow(&path, 1 << 20).map_err(
-                    |source| KeyError::Proc {
-                        what: "memory",
-                        path: path.clone(),
-                        source,
-                    },
-                )?;
-                format!("none; memory {}", mem_total(&meminfo))
+                let blocks = list("memory blocks", "devices/system/memory")?.unwrap_or_default();
+                format!("none; memory blocks {}", memory_blocks(&blocks))
             }
         };
 
         let mut pci = String::new();
-        for name in list("PCI devices", "bus/pci/devices")?.unwrap_or_default() {
+        let mut pci_facts = Vec::new();
+        let listed = list("PCI devices", "bus/pci/devices")?;
+        let has_pci = listed.is_some();
+        for name in listed.unwrap_or_default() {
             if name.parse::<Bdf>().is_err() {
                 pci.push_str(&format!("{name:?} not a PCI address; "));
                 continue;
@@ -182,6 +216,26 @@ impl CacheKey {
                 values.next().flatten(),
                 values.next().flatten(),
             );
+            if let Ok(bdf) = name.parse::<Bdf>() {
+                pci_facts.push(PciFact {
+                    bdf,
+                    class: uevent
+                        .as_deref()
+                        .and_then(|u| uevent_value(u, "PCI_CLASS"))
+                        .and_then(|c| u32::from_str_radix(c, 16).ok()),
+                    ids: uevent
+                        .as_deref()
+                        .and_then(|u| uevent_value(u, "PCI_ID"))
+                        .and_then(|i| {
+                            let (v, d) = i.split_once(':')?;
+                            Some((
+                                u16::from_str_radix(v, 16).ok()?,
+                                u16::from_str_radix(d, 16).ok()?,
+                            ))
+                        }),
+                    local_cpus: local_cpus.as_deref().and_then(parse_cpumask),
+                });
+            }
             let uevent = uevent
                 .as_deref()
                 .map(|u| u.lines().map(str::trim).collect::<Vec<_>>().join(","));
@@ -193,16 +247,113 @@ impl CacheKey {
             ));
         }
 
-        Ok(Self::from_parts(vec![
-            ("software", software),
-            ("boot", boot),
-            ("cpus", cpus),
-            ("nodes", nodes),
-            ("pci", pci),
-        ]))
+        let facts = Facts {
+            online: IdSet::parse(online.trim()).ok(),
+            nodes: nodes_facts,
+            pci: has_pci.then_some(pci_facts),
+        };
+        Ok(Self::from_parts(
+            vec![
+                ("software", software),
+                ("boot", boot),
+                ("cpus", cpus),
+                ("nodes", nodes),
+                ("pci", pci),
+            ],
+            facts,
+        ))
     }
 
-    fn from_parts(parts: Vec<(&'static str, String)>) -> Self {
+    /// Whether `host` — a discovery made while this key was read — is the machine the key
+    /// describes: its online CPUs, its nodes and their CPUs, its PCI devices with their ids
+    /// and where hwloc placed them. Says what differs. The key is read before and after a
+    /// discovery, but a machine that changed and changed back meanwhile (a CPU offlined and
+    /// onlined, a VF created and removed) reads the same both times; only the discovery itself
+    /// shows what it saw.
+    pub fn check(&self, host: &Host) -> Result<(), String> {
+        let f = &self.facts;
+        if let Some(online) = &f.online {
+            if *online != host.online_cpus {
+                return Err(format!(
+                    "online CPUs: the key read {online}, the discovery found {}",
+                    host.online_cpus
+                ));
+            }
+        }
+        if let Some(nodes) = &f.nodes {
+            let listed: IdSet = nodes.iter().map(|(id, _)| *id).collect();
+            if listed != host.node_ids() {
+                return Err(format!(
+                    "NUMA nodes: the key read {listed}, the discovery found {}",
+                    host.node_ids()
+                ));
+            }
+            for (id, cpus) in nodes {
+                let (Some(cpus), Some(node)) = (cpus, host.node(*id)) else {
+                    continue;
+                };
+                let cpus = cpus.intersection(&host.online_cpus);
+                if cpus != node.cpus {
+                    return Err(format!(
+                        "the CPUs of node {id}: the key read {cpus}, the discovery found {}",
+                        node.cpus
+                    ));
+                }
+            }
+        }
+        let Some(pci) = &f.pci else {
+            return Ok(());
+        };
+        let listed: std::collections::BTreeMap<Bdf, &PciFact> =
+            pci.iter().map(|d| (d.bdf, d)).collect();
+        for d in &host.pci {
+            let Some(fact) = listed.get(&d.bus_id) else {
+                return Err(format!(
+                    "PCI device {}: found by the discovery, not in the key",
+                    d.bus_id
+                ));
+            };
+            if let Some(class) = fact.class.and_then(|c| u16::try_from(c >> 8).ok()) {
+                if class != d.class_id {
+                    return Err(format!(
+                        "PCI device {}: class {class:04x} in the key, {:04x} discovered",
+                        d.bus_id, d.class_id
+                    ));
+                }
+            }
+            if let Some((vendor, device)) = fact.ids {
+                if (vendor, device) != (d.vendor_id, d.device_id) {
+                    return Err(format!(
+                        "PCI device {}: {vendor:04x}:{device:04x} in the key, {:04x}:{:04x} \
+                         discovered",
+                        d.bus_id, d.vendor_id, d.device_id
+                    ));
+                }
+            }
+            if let Some(why) = fact
+                .local_cpus
+                .as_ref()
+                .and_then(|cpus| misplaced(host, cpus, &d.locality))
+            {
+                return Err(format!("PCI device {}: {why}", d.bus_id));
+            }
+        }
+        let found: std::collections::BTreeSet<Bdf> = host.pci.iter().map(|d| d.bus_id).collect();
+        // hwloc keeps PCI-to-PCI bridges as bridges, not as PCI devices.
+        if let Some(missing) = pci
+            .iter()
+            .filter(|d| d.class.is_some_and(|c| !matches!(c >> 8, 0x0604 | 0x0609)))
+            .find(|d| !found.contains(&d.bdf))
+        {
+            return Err(format!(
+                "PCI device {}: in the key, not found by the discovery",
+                missing.bdf
+            ));
+        }
+        Ok(())
+    }
+
+    fn from_parts(parts: Vec<(&'static str, String)>, facts: Facts) -> Self {
         let mut hasher = Sha256::new();
         for (name, value) in &parts {
             hasher.update(name.as_bytes());
@@ -215,7 +366,11 @@ impl CacheKey {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        Self { parts, digest }
+        Self {
+            parts,
+            digest,
+            facts,
+        }
     }
 
     /// The key's digest (hex SHA-256), which names the cache file.
@@ -244,12 +399,99 @@ impl CacheKey {
     }
 }
 
-/// The `MemTotal` figure of a meminfo text (`Node 0 MemTotal:  24684092 kB`), as written.
-fn mem_total(meminfo: &str) -> &str {
-    meminfo
+/// The `MemTotal` of a meminfo text (`Node 0 MemTotal:  24684092 kB`), in bytes.
+fn mem_total_bytes(meminfo: &str) -> Option<u64> {
+    let value = meminfo
         .lines()
-        .find_map(|l| Some(l.split_once("MemTotal:")?.1.trim()))
-        .unwrap_or("-")
+        .find_map(|l| Some(l.split_once("MemTotal:")?.1.trim()))?;
+    let kib: u64 = value.strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The memory blocks (`memory<N>` entries: the unit memory is hot-plugged in) among the
+/// names of a directory, as ranges of block numbers (`32-63,96`).
+fn memory_blocks(names: &[String]) -> String {
+    let mut ids: Vec<u64> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("memory")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut text = String::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        if !text.is_empty() {
+            text.push(',');
+        }
+        if i == j {
+            text.push_str(&ids[i].to_string());
+        } else {
+            text.push_str(&format!("{}-{}", ids[i], ids[j]));
+        }
+        i = j + 1;
+    }
+    if text.is_empty() {
+        text.push('-');
+    }
+    text
+}
+
+/// A `KEY=value` line of a uevent text.
+fn uevent_value<'a>(uevent: &'a str, key: &str) -> Option<&'a str> {
+    uevent
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A sysfs CPU mask (`0000,000000ff,ffffffff`: 32-bit words in hex, the lowest last).
+fn parse_cpumask(text: &str) -> Option<IdSet> {
+    let mut cpus = IdSet::new();
+    for (word, chunk) in text.trim().rsplit(',').enumerate() {
+        if chunk.is_empty() || chunk.len() > 8 {
+            return None;
+        }
+        let bits = u32::from_str_radix(chunk, 16).ok()?;
+        for bit in 0..32u32 {
+            if bits & (1 << bit) != 0 {
+                let cpu = u32::try_from(word)
+                    .ok()?
+                    .checked_mul(32)?
+                    .checked_add(bit)?;
+                if cpu > crate::idset::MAX_ID {
+                    return None;
+                }
+                cpus.insert(cpu);
+            }
+        }
+    }
+    Some(cpus)
+}
+
+/// Whether hwloc's placement of a device contradicts its `local_cpus`: hwloc hangs a device
+/// under the smallest part of the machine that holds those CPUs, so the nodes it is local to
+/// hold every node those CPUs are on, and a device hwloc left at the machine's root has CPUs
+/// on more than one node.
+fn misplaced(host: &Host, local_cpus: &IdSet, locality: &Locality) -> Option<String> {
+    let cpus = local_cpus.intersection(&host.online_cpus);
+    if cpus.is_empty() || !host.is_multi_node() {
+        return None;
+    }
+    let on = host.nodes_of_cpus(&cpus);
+    match locality {
+        Locality::Nodes(nodes) if !on.is_subset(nodes) => Some(format!(
+            "its local CPUs {cpus} are on nodes {on}, the discovery placed it on {nodes}"
+        )),
+        Locality::Unknown(why) if why.starts_with("attached to the machine root") && on.len() == 1 => {
+            Some(format!(
+                "its local CPUs {cpus} are on node {on}, the discovery placed it at the machine's root"
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Why the cached topology was not used.
@@ -323,11 +565,26 @@ pub struct Loaded {
     pub origin: Origin,
 }
 
+/// How the machine is discovered: hwloc's live discovery ([`Host::discover`]), or what a
+/// test puts in its place ([`TopologyCache::with_discovery`]).
+type Discovery =
+    Arc<dyn Fn() -> Result<(Host, String), HostError> + Send + Sync + std::panic::RefUnwindSafe>;
+
 /// The cache of one state directory.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TopologyCache {
     dir: PathBuf,
     root: PathBuf,
+    discovery: Discovery,
+}
+
+impl fmt::Debug for TopologyCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopologyCache")
+            .field("dir", &self.dir)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TopologyCache {
@@ -336,15 +593,28 @@ impl TopologyCache {
         Self {
             dir: dir.into(),
             root: root.into(),
+            discovery: Arc::new(Host::discover),
         }
+    }
+
+    /// The same cache, discovering the machine with `discover` instead of hwloc's live
+    /// discovery: the host-reading seam, for tests that change the machine while it is
+    /// discovered.
+    pub fn with_discovery(
+        mut self,
+        discover: impl Fn() -> Result<(Host, String), HostError>
+            + Send
+            + Sync
+            + std::panic::RefUnwindSafe
+            + 'static,
+    ) -> Self {
+        self.discovery = Arc::new(discover);
+        self
     }
 
     /// The cache in `state_dir` for the machine hwloc discovers: `/`, or `HWLOC_FSROOT`.
     pub fn for_this_machine(state_dir: &Path) -> Self {
-        let root = std::env::var_os("HWLOC_FSROOT")
-            .filter(|r| !r.is_empty())
-            .map_or_else(|| PathBuf::from("/"), PathBuf::from);
-        Self::new(state_dir, root)
+        Self::new(state_dir, this_machine_root())
     }
 
     /// The cache the configuration asks for: `None` with `topology_xml` (nothing to
@@ -364,13 +634,71 @@ impl TopologyCache {
         CacheKey::read(&self.root)
     }
 
+    /// `host` with each node's memory as the kernel reports it now (`MemTotal`), when that
+    /// differs from what it holds. A node's memory moves without any change of topology — a
+    /// virtio-mem device or a balloon plugs memory into blocks already online — so it is not
+    /// part of the key and is read afresh instead: a cached host never carries the memory of
+    /// the moment it was discovered.
+    pub fn with_live_memory(&self, host: &Host) -> Option<Host> {
+        let mut now = host.clone();
+        self.read_live_memory(&mut now).then_some(now)
+    }
+
+    /// Sets each node's memory from the kernel's figure; whether any changed.
+    fn read_live_memory(&self, host: &mut Host) -> bool {
+        let sys = Sysfs::new(self.root.join("sys"));
+        let single = host.nodes.len() == 1;
+        let mut changed = false;
+        for node in &mut host.nodes {
+            let rel = format!("devices/system/node/node{}/meminfo", node.os_index);
+            let text = match sys.attribute(&rel) {
+                Ok(Some(t)) => Some(t),
+                // A kernel without NUMA: the machine's memory is the one node's.
+                Ok(None) if single => crate::fsutil::read_text_bounded_nofollow(
+                    &self.root.join("proc/meminfo"),
+                    1 << 20,
+                )
+                .ok(),
+                _ => None,
+            };
+            if let Some(bytes) = text.as_deref().and_then(mem_total_bytes) {
+                if bytes != node.memory_bytes {
+                    node.memory_bytes = bytes;
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
     /// The host: from the cache file when one matches the machine's key and is trusted,
-    /// else discovered (and stored for the next load).
+    /// else discovered (and stored for the next load); its nodes' memory as it is now.
     pub fn load(&self) -> Result<Loaded, HostError> {
+        self.load_reporting(&Progress::default())
+    }
+
+    /// [`TopologyCache::load`], saying in `progress` which step it is at (for a caller that
+    /// gives up on a load that blocks, [`crate::wait`]).
+    pub fn load_reporting(&self, progress: &Progress) -> Result<Loaded, HostError> {
+        let mut loaded = self.load_topology(progress)?;
+        progress.set(format!(
+            "reading the nodes' memory under {}",
+            self.root.join("sys").display()
+        ));
+        self.read_live_memory(&mut loaded.host);
+        Ok(loaded)
+    }
+
+    fn load_topology(&self, progress: &Progress) -> Result<Loaded, HostError> {
+        progress.set(format!(
+            "reading the topology cache's key under {}",
+            self.root.display()
+        ));
         let key = match self.key() {
             Ok(k) => k,
             Err(e) => {
-                let (host, _) = Host::discover()?;
+                progress.set(self.discovering());
+                let (host, _) = (self.discovery)()?;
                 return Ok(Loaded {
                     host,
                     key: None,
@@ -381,14 +709,26 @@ impl TopologyCache {
                 });
             }
         };
+        progress.set(format!(
+            "loading the cached topology {}",
+            self.dir.join(key.file_name()).display()
+        ));
         match self.read(&key) {
             Ok((host, path)) => Ok(Loaded {
                 host,
                 key: Some(key),
                 origin: Origin::Cached(path),
             }),
-            Err(miss) => self.discover(key, miss),
+            Err(miss) => {
+                progress.set(self.discovering());
+                self.discover(key, miss)
+            }
         }
+    }
+
+    /// What a discovery is doing, in words.
+    fn discovering(&self) -> String {
+        discovering(&self.root)
     }
 
     /// Loads the file for `key`, or says why not.
@@ -426,9 +766,15 @@ impl TopologyCache {
     /// Discovers the machine and stores what was found under `key`, unless the machine
     /// changed while it was discovered.
     fn discover(&self, key: CacheKey, miss: Miss) -> Result<Loaded, HostError> {
-        let (host, xml) = Host::discover()?;
+        let (host, xml) = (self.discovery)()?;
         let stored = match self.key() {
-            Ok(after) if after == key => self.store(&key, &xml),
+            Ok(after) if after == key => match key.check(&host) {
+                Ok(()) => self.store(&key, &xml),
+                Err(why) => Err(format!(
+                    "the machine changed while it was discovered: the discovery does not match \
+                     the key ({why})"
+                )),
+            },
             Ok(after) => Err(format!(
                 "the machine changed while it was discovered ({})",
                 after.changed_since(&key).join(", ")
@@ -468,10 +814,19 @@ pub fn is_cache_file(name: &str) -> bool {
 /// The host the configuration describes: `topology_xml`, else the live machine through the
 /// cache (unless `topology_cache = false`).
 pub fn load(config: &Config) -> Result<Loaded, HostError> {
+    load_reporting(config, &Progress::default())
+}
+
+/// [`load`], saying in `progress` which step it is at.
+pub fn load_reporting(config: &Config, progress: &Progress) -> Result<Loaded, HostError> {
     match TopologyCache::from_config(config) {
-        Some(cache) => cache.load(),
+        Some(cache) => cache.load_reporting(progress),
         None => {
             let source = config.topology_source();
+            progress.set(match &source {
+                TopologySource::Xml(path) => format!("loading {}", path.display()),
+                TopologySource::Live => discovering(&this_machine_root()),
+            });
             let origin = match source {
                 TopologySource::Xml(_) => Origin::Xml,
                 TopologySource::Live => Origin::Live,
@@ -483,6 +838,22 @@ pub fn load(config: &Config) -> Result<Loaded, HostError> {
             })
         }
     }
+}
+
+/// Where hwloc reads the machine it discovers: `/`, or `HWLOC_FSROOT`.
+pub fn this_machine_root() -> PathBuf {
+    std::env::var_os("HWLOC_FSROOT")
+        .filter(|r| !r.is_empty())
+        .map_or_else(|| PathBuf::from("/"), PathBuf::from)
+}
+
+/// What a discovery of the machine whose file systems are under `root` is doing, in words.
+pub fn discovering(root: &Path) -> String {
+    format!(
+        "discovering the live machine (hwloc reading {} and {})",
+        root.join("sys").display(),
+        root.join("proc").display()
+    )
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -523,6 +894,21 @@ mod tests {
                 &format!("Node {n} MemTotal:       8388608 kB\nNode {n} MemFree:  1024 kB\n"),
             );
         }
+        for block in [
+            "node0/memory0",
+            "node0/memory7",
+            "node0/memory9",
+            "node1/memory16",
+        ] {
+            std::fs::create_dir_all(root.join("sys/devices/system/node").join(block))
+                .expect("mkdir");
+        }
+        for block in 1..7 {
+            std::fs::create_dir_all(
+                root.join(format!("sys/devices/system/node/node0/memory{block}")),
+            )
+            .expect("mkdir");
+        }
         let tree = crate::simulate::SysfsTree::at(root.join("sys")).expect("tree");
         tree.add_device(
             "0000:b7:00.0".parse().expect("bdf"),
@@ -549,7 +935,7 @@ mod tests {
         assert_eq!(part("cpus"), "online 0-3; present 0-3");
         assert_eq!(
             part("nodes"),
-            "online 0-1; node0 cpus 0-1 memory 8388608 kB; node1 cpus 2-3 memory 8388608 kB"
+            "online 0-1; node0 cpus 0-1 memory blocks 0-7,9; node1 cpus 2-3 memory blocks 16"
         );
         assert_eq!(part("pci"), "0000:b7:00.0 node 1 cpus - -; ");
         assert!(part("software").starts_with("kata-topo "));
@@ -566,22 +952,57 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_without_numa_is_keyed_on_its_memory() {
+    fn a_kernel_without_numa_is_keyed_on_its_memory_blocks() {
         let dir = tempfile::tempdir().expect("tempdir");
         machine(dir.path());
         std::fs::remove_dir_all(dir.path().join("sys/devices/system/node")).expect("rm");
-        let missing = CacheKey::read(dir.path()).expect_err("no /proc/meminfo");
-        assert!(missing.to_string().contains("memory"), "{missing}");
-        std::fs::write(
-            dir.path().join("proc/meminfo"),
-            "MemTotal:  16777216 kB\nMemFree: 1 kB\n",
-        )
-        .expect("write");
-        let key = CacheKey::read(dir.path()).expect("key");
-        assert!(key
-            .parts
-            .iter()
-            .any(|(n, v)| *n == "nodes" && v == "none; memory 16777216 kB"));
+        let nodes = |key: &CacheKey| {
+            key.parts
+                .iter()
+                .find(|(n, _)| *n == "nodes")
+                .map(|(_, v)| v.clone())
+                .expect("part")
+        };
+        assert_eq!(
+            nodes(&CacheKey::read(dir.path()).expect("key")),
+            "none; memory blocks -"
+        );
+        for block in ["memory0", "memory1", "memory3", "block_size_bytes"] {
+            std::fs::create_dir_all(dir.path().join("sys/devices/system/memory").join(block))
+                .expect("mkdir");
+        }
+        assert_eq!(
+            nodes(&CacheKey::read(dir.path()).expect("key")),
+            "none; memory blocks 0-1,3"
+        );
+    }
+
+    #[test]
+    fn cpu_masks_and_uevents_parse_strictly() {
+        let set = |t: &str| parse_cpumask(t).map(|s| s.to_string());
+        assert_eq!(set("0000,000000ff,ffffffff").as_deref(), Some("0-39"));
+        assert_eq!(set("00000003\n").as_deref(), Some("0-1"));
+        assert_eq!(set("1,00000000").as_deref(), Some("32"));
+        assert_eq!(set("0").as_deref(), Some(""));
+        for bad in ["", "xyz", "1,,1", "123456789", "-1"] {
+            assert_eq!(set(bad), None, "{bad:?}");
+        }
+        assert_eq!(set("ffffffff,".repeat(600).trim_end_matches(',')), None);
+        assert_eq!(
+            uevent_value("DRIVER=bnx2\nPCI_CLASS=20000\nPCI_ID=14E4:1639\n", "PCI_ID"),
+            Some("14E4:1639")
+        );
+        assert_eq!(uevent_value("PCI_CLASSX=1\n", "PCI_CLASS"), None);
+        assert_eq!(memory_blocks(&[]), "-");
+        assert_eq!(
+            memory_blocks(&[
+                "memory3".into(),
+                "memory1".into(),
+                "memory2".into(),
+                "x".into()
+            ]),
+            "1-3"
+        );
     }
 
     #[test]
@@ -634,7 +1055,7 @@ mod tests {
         let cache = TopologyCache::new(state.path(), dir.path());
         let before = cache.key().expect("key");
         std::fs::write(dir.path().join("sys/devices/system/cpu/online"), "0-2\n").expect("write");
-        // The discovery is this machine's; the key is the tree's.
+        // The discovery is this machine's; the key is the tree's, which changed.
         let loaded = cache
             .discover(before.clone(), Miss::Absent)
             .expect("discover");

@@ -57,6 +57,9 @@ pub struct KataConfig {
     pub cold_plug_vfio: String,
     /// `[hypervisor.qemu] enable_annotations`: which hypervisor annotations a pod may set.
     pub enable_annotations: Vec<String>,
+    /// The hypervisor's executable: `path` of `[hypervisor.qemu]`, else of
+    /// `[hypervisor.clh]` or `[hypervisor.firecracker]` — what a VMM of this runtime runs.
+    pub hypervisor_path: Option<PathBuf>,
     /// The files read, in order.
     pub files: Vec<PathBuf>,
 }
@@ -75,6 +78,7 @@ impl Default for KataConfig {
             hot_plug_vfio: "no-port".into(),
             cold_plug_vfio: "no-port".into(),
             enable_annotations: Vec::new(),
+            hypervisor_path: None,
             files: Vec::new(),
         }
     }
@@ -123,6 +127,16 @@ const KEYS: &[(&str, &str)] = &[
     ("hypervisor.qemu", "hot_plug_vfio"),
     ("hypervisor.qemu", "cold_plug_vfio"),
     ("hypervisor.qemu", "enable_annotations"),
+    ("hypervisor.qemu", "path"),
+    ("hypervisor.clh", "path"),
+    ("hypervisor.firecracker", "path"),
+];
+
+/// The hypervisor tables whose `path` names the VMM's executable, in the order looked at.
+const HYPERVISORS: &[&str] = &[
+    "hypervisor.qemu",
+    "hypervisor.clh",
+    "hypervisor.firecracker",
 ];
 
 fn lookup<'a>(table: &'a toml::Table, path: &str, key: &str) -> Option<&'a toml::Value> {
@@ -247,6 +261,16 @@ impl KataConfig {
                         "an array of node lists like [\"0\", \"1\"]",
                     )
                 })?;
+        }
+        for tbl in HYPERVISORS {
+            if let Some(v) = lookup(t, tbl, "path") {
+                let path = v
+                    .as_str()
+                    .filter(|p| p.starts_with('/'))
+                    .ok_or_else(|| bad(tbl, "path", "an absolute path"))?;
+                c.hypervisor_path = Some(PathBuf::from(path));
+                break;
+            }
         }
         if let Some(v) = lookup(t, "hypervisor.qemu", "enable_annotations") {
             c.enable_annotations = v
@@ -401,6 +425,30 @@ mod tests {
         std::fs::write(d.join("30-bad.toml"), "[runtime\n").expect("write");
         let m = KataConfig::load(&base).expect_err("bad toml").to_string();
         assert!(m.contains("30-bad.toml"), "{m}");
+    }
+
+    #[test]
+    fn the_hypervisor_path_is_read_and_must_be_absolute() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("configuration.toml");
+        for (text, want) in [
+            (
+                "[hypervisor.qemu]\npath = \"/opt/kata/bin/qemu-system-x86_64\"\n",
+                Some("/opt/kata/bin/qemu-system-x86_64"),
+            ),
+            (
+                "[hypervisor.clh]\npath = \"/opt/kata/bin/cloud-hypervisor\"\n",
+                Some("/opt/kata/bin/cloud-hypervisor"),
+            ),
+            ("[hypervisor.dragonball]\ndefault_vcpus = 1\n", None),
+        ] {
+            std::fs::write(&base, text).expect("write");
+            let c = KataConfig::load(&base).expect("load");
+            assert_eq!(c.hypervisor_path.as_deref(), want.map(Path::new), "{text}");
+        }
+        std::fs::write(&base, "[hypervisor.qemu]\npath = \"qemu\"\n").expect("write");
+        let m = KataConfig::load(&base).expect_err("relative").to_string();
+        assert!(m.contains("path") && m.contains("absolute"), "{m}");
     }
 
     #[test]

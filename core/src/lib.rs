@@ -23,6 +23,7 @@ pub mod sysfs;
 pub mod text;
 pub mod verdict;
 pub mod vm;
+pub mod wait;
 
 /// kata-topo's version and the git revision it was built from, as every binary prints it
 /// (`--version`) and as the topology cache's key includes it.

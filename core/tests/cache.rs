@@ -11,7 +11,7 @@ mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kata_topo_core::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
 use kata_topo_core::simulate::SysfsTree;
@@ -260,6 +260,22 @@ fn snapshots_live_and_cached_agree() {
     }
 }
 
+/// The `sys/bus/pci/devices/<bdf>` of every device below a host bridge (`pci0000:00`).
+fn below_host_bridge(snap: &Snapshot, bridge: &str) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(snap.path("sys/bus/pci/devices"))
+        .expect("list")
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy().contains(&format!("/{bridge}/")))
+        })
+        .map(|e| format!("sys/bus/pci/devices/{}", e.file_name().to_string_lossy()))
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() > 1, "{bridge}: {dirs:?}");
+    dirs
+}
+
 /// Each change of what the key covers names that part, rediscovers the machine, stores it
 /// under the new key (the old file goes) and is served from the cache the time after.
 #[test]
@@ -277,7 +293,6 @@ fn every_change_of_the_key_forces_a_rediscovery() {
     // hwloc places a device on the root bus by its own locality, one behind a bridge by the
     // bridge's.
     let moved = "0000:00:00.0";
-    let moved_dir = format!("sys/bus/pci/devices/{moved}");
     let nic = "sys/bus/pci/devices/0000:02:00.0";
 
     type Change<'a> = Box<dyn Fn() + 'a>;
@@ -310,6 +325,7 @@ fn every_change_of_the_key_forces_a_rediscovery() {
             "memory hot-plugged on node 1",
             "nodes",
             Box::new(|| {
+                snap.write("sys/devices/system/node/node1/memory9999/online", "1\n");
                 let meminfo = snap.read("sys/devices/system/node/node1/meminfo");
                 snap.write(
                     "sys/devices/system/node/node1/meminfo",
@@ -325,11 +341,14 @@ fn every_change_of_the_key_forces_a_rediscovery() {
             }),
         ),
         (
-            "a device moved to node 2",
+            "the devices of a host bridge moved to node 2",
             "pci",
             Box::new(|| {
-                snap.write(&format!("{moved_dir}/numa_node"), "2\n");
-                snap.write(&format!("{moved_dir}/local_cpus"), &node_cpus_mask);
+                // The kernel gives every device below a host bridge the bridge's node.
+                for dir in below_host_bridge(&snap, "pci0000:00") {
+                    snap.write(&format!("{dir}/numa_node"), "2\n");
+                    snap.write(&format!("{dir}/local_cpus"), &node_cpus_mask);
+                }
             }),
             Box::new(move |before: &Host, after: &Host| {
                 let nodes = |h: &Host| {
@@ -538,4 +557,102 @@ fn keys_of_different_machines_differ() {
     assert_eq!(kb.changed_since(&ka), vec!["cpus", "nodes", "pci"]);
     assert_eq!(ka.file_name().len(), "topology-.xml".len() + 64);
     assert_eq!(CacheKey::read(&a.root).expect("again"), ka);
+}
+
+/// A CPU taken offline and back online while hwloc discovers the machine: the key reads the
+/// same before and after, but what hwloc found is the machine with the CPU offline. That must
+/// never be stored under the key of the machine with the CPU online (every later daemon and
+/// hook would believe it until a reboot); the next load discovers again and stores.
+#[test]
+fn a_machine_changed_and_changed_back_during_a_discovery_is_not_stored() {
+    let snap = Arc::new(Snapshot::unpack("40intel64-2g2n4c+pcilocality"));
+    let _env = Env::new(Some(&snap.root));
+    let state = state_dir();
+    let flicker = Arc::clone(&snap);
+    let racing = TopologyCache::new(state.path(), &snap.root).with_discovery(move || {
+        flicker.write("sys/devices/system/cpu/online", "0-38\n");
+        flicker.write("sys/devices/system/cpu/cpu39/online", "0\n");
+        let found = Host::discover();
+        flicker.write("sys/devices/system/cpu/online", "0-39\n");
+        flicker.write("sys/devices/system/cpu/cpu39/online", "1\n");
+        found
+    });
+    let loaded = racing.load().expect("load");
+    assert!(
+        !loaded.host.online_cpus.contains(39),
+        "the racing discovery"
+    );
+    match &loaded.origin {
+        Origin::Discovered {
+            miss: Miss::Absent,
+            stored: Err(why),
+        } => assert!(
+            why.contains("online CPUs") && why.contains("39"),
+            "the reason names the fact that differs: {why}"
+        ),
+        other => panic!("expected a discovery that was not stored, got {other}"),
+    }
+    assert!(cache_files(state.path()).is_empty());
+
+    let cache = TopologyCache::new(state.path(), &snap.root);
+    let again = cache.load().expect("load");
+    discovered_and_stored(&again, &Miss::Absent);
+    assert!(again.host.online_cpus.contains(39));
+    cached(&cache.load().expect("load"));
+}
+
+/// The same for a device: an SR-IOV VF that appears during the discovery and is gone again,
+/// and a device whose locality flickers.
+#[test]
+fn a_device_that_flickers_during_a_discovery_is_not_stored() {
+    let snap = Arc::new(Snapshot::unpack("40intel64-2g2n4c+pcilocality"));
+    let _env = Env::new(Some(&snap.root));
+    let state = state_dir();
+    let moved = "sys/bus/pci/devices/0000:00:00.0";
+    let node2 = snap.read("sys/devices/system/node/node2/cpumap");
+    let flicker = Arc::clone(&snap);
+    let racing = TopologyCache::new(state.path(), &snap.root).with_discovery(move || {
+        let before = flicker.read(&format!("{moved}/local_cpus"));
+        flicker.write(&format!("{moved}/local_cpus"), &node2);
+        let found = Host::discover();
+        flicker.write(&format!("{moved}/local_cpus"), &before);
+        found
+    });
+    let loaded = racing.load().expect("load");
+    match &loaded.origin {
+        Origin::Discovered {
+            stored: Err(why), ..
+        } => assert!(why.contains("0000:00:00.0"), "{why}"),
+        other => panic!("expected a discovery that was not stored, got {other}"),
+    }
+    assert!(cache_files(state.path()).is_empty());
+}
+
+/// A node's memory moves without any change of topology: a virtio-mem device or a balloon
+/// driver plugs memory into blocks already online, in 128 MiB steps (the development VM's
+/// `MemTotal` grew by 3 GiB in two minutes that way). The key stays, the cache stays, and the
+/// host's memory is the node's memory now, not at the discovery.
+#[test]
+fn memory_moving_inside_online_blocks_keeps_the_key_and_is_read_live() {
+    let snap = Snapshot::unpack("40intel64-2g2n4c+pcilocality");
+    let _env = Env::new(Some(&snap.root));
+    let state = state_dir();
+    let cache = TopologyCache::new(state.path(), &snap.root);
+    let first = cache.load().expect("first");
+    discovered_and_stored(&first, &Miss::Absent);
+    let meminfo = snap.read("sys/devices/system/node/node1/meminfo");
+    snap.write(
+        "sys/devices/system/node/node1/meminfo",
+        &meminfo.replace(
+            "MemTotal:       134217728 kB",
+            "MemTotal:       134348800 kB",
+        ),
+    );
+    assert_eq!(cache.key().expect("key"), first.key.clone().expect("key"));
+    let again = cache.load().expect("second");
+    cached(&again);
+    assert_eq!(
+        again.host.node(1).expect("node 1").memory_bytes,
+        134_348_800 * 1024
+    );
 }

@@ -687,6 +687,7 @@ fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo_core::vm::VmView {
         memory_policies: Default::default(),
         memory_nodes: kata_topo_core::IdSet::new(),
         guest_nodes: Vec::new(),
+        rejected: None,
     }
 }
 

@@ -29,6 +29,11 @@ fn the_kata_keys_we_rely_on_have_the_intended_values() {
     assert!(k.enable_vcpus_pinning, "vCPU pinning on");
     assert!(k.static_sandbox_resource_mgmt, "static sandbox sizing");
     assert!(k.sandbox_cgroup_only);
+    assert_eq!(
+        k.hypervisor_path.as_deref(),
+        Some(std::path::Path::new("/opt/kata/bin/qemu-system-x86_64")),
+        "the VMM a process must run to be taken for the sandbox's"
+    );
     assert!(k.enable_numa, "guest NUMA");
     assert_eq!(
         k.mapped_host_nodes().map(|n| n.to_string()).as_deref(),

@@ -7,14 +7,18 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kata_topo_core::check::failed_verdict;
 use kata_topo_core::config::Config;
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::state::GroupState;
-use kata_topo_core::vm::VmView;
-use kata_topo_core::{Checker, ContainerSpec, Decision, Mode, Operation, Request, Sysfs, Verdict};
+use kata_topo_core::vm::{Identity, VmReader, VmView};
+use kata_topo_core::wait::{run_within, Progress};
+use kata_topo_core::{
+    Checker, ContainerSpec, Decision, Defaults, Mode, Operation, Request, Sysfs, Verdict,
+};
 use kata_topo_sinks::events::{payload, publish};
 use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
@@ -24,6 +28,13 @@ use kata_topo_core::VERSION;
 /// The most the hook spends publishing its event and writing its log: containerd being slow
 /// or a log nobody reads must never make the runtime's hook timeout fail a container.
 const PUBLISH_BUDGET: Duration = Duration::from_secs(1);
+
+/// The most the hook waits for its configuration, and then for its check (reading the state,
+/// the spec, the topology, the VM view, the baselines): a read that blocks — a hung device's
+/// sysfs attribute, a FIFO, a runtime that never closes stdin — costs the container this wait
+/// and a `check-failed` finding naming the step, never its creation. Within the runtime's
+/// hook timeout (10 s in the README's example) with the publishing budget on top.
+const CHECK_BUDGET: Duration = Duration::from_secs(3);
 
 /// The largest OCI state accepted on stdin.
 const MAX_STATE: u64 = 1024 * 1024;
@@ -96,21 +107,36 @@ pub fn run() -> Result<(), HookError> {
     let Some(args) = args()? else {
         return Ok(());
     };
-    let resolved =
-        Config::resolve(args.config.as_deref()).map_err(|e| HookError::Usage(e.to_string()))?;
+    let progress = Progress::new("reading the configuration");
+    let wanted = args.config.clone();
+    let resolved = match run_within(CHECK_BUDGET, &progress, move || {
+        Config::resolve(wanted.as_deref())
+    }) {
+        Ok(resolved) => resolved.map_err(|e| HookError::Usage(e.to_string()))?,
+        Err(e) => {
+            // Without a configuration there is no log and no mode: the container goes on.
+            eprintln!("kata-topo-hook: the configuration {e}; the container is not checked");
+            return Ok(());
+        }
+    };
     let (config, config_file) = (resolved.config, resolved.file);
     let log = Log::open(&config.log_file, false, Drops::new());
     let defaults = config.defaults();
-    let verdict = match check(&config, config_file.as_deref()) {
-        Ok(v) => v,
-        Err((spec, reason)) => {
-            let spec = spec.map(|s| *s);
-            let mut v = failed_verdict(spec.as_ref(), Operation::Create, None, defaults, &reason);
-            v.sandbox_id = v
-                .sandbox_id
-                .or_else(|| spec.as_ref().and_then(|s| s.sandbox_id.clone()));
-            v
-        }
+    let seen: Seen = Arc::default();
+    let outcome = {
+        let (config, progress, seen) = (config.clone(), progress.clone(), Arc::clone(&seen));
+        run_within(CHECK_BUDGET, &progress.clone(), move || {
+            check(&config, config_file.as_deref(), &progress, &seen)
+        })
+    };
+    let verdict = match outcome {
+        Ok(Ok(v)) => v,
+        Ok(Err((spec, reason))) => failed(spec.map(|s| *s), &reason, defaults),
+        Err(e) => failed(
+            seen.lock().unwrap_or_else(|e| e.into_inner()).take(),
+            &format!("the check {e}"),
+            defaults,
+        ),
     };
     if !verdict.findings.is_empty() {
         let deadline = Instant::now() + PUBLISH_BUDGET;
@@ -138,6 +164,18 @@ pub fn run() -> Result<(), HookError> {
     }
     Ok(())
 }
+
+/// The `check-failed` verdict of a check that could not run, with what is known of the spec.
+fn failed(spec: Option<ContainerSpec>, reason: &str, defaults: Defaults) -> Verdict {
+    let mut v = failed_verdict(spec.as_ref(), Operation::Create, None, defaults, reason);
+    v.sandbox_id = v
+        .sandbox_id
+        .or_else(|| spec.as_ref().and_then(|s| s.sandbox_id.clone()));
+    v
+}
+
+/// The spec, once the check has read it: what a check given up on still knows of the pod.
+type Seen = Arc<Mutex<Option<ContainerSpec>>>;
 
 /// Publishes the verdict to containerd when the hook runs under it (`TTRPC_ADDRESS` in the
 /// environment: Kata's host hooks inherit the shim's; an OCI hook gets it from its `env`).
@@ -168,7 +206,13 @@ fn store(config: &Config, bundle: &Path, group: &str) -> Option<GroupState> {
     }
 }
 
-fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure> {
+fn check(
+    config: &Config,
+    config_file: Option<&Path>,
+    progress: &Progress,
+    seen: &Seen,
+) -> Result<Verdict, Failure> {
+    progress.set("reading the OCI state on stdin");
     let mut input = String::new();
     std::io::stdin()
         .take(MAX_STATE)
@@ -176,10 +220,13 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         .map_err(|e| (None, format!("cannot read the OCI state on stdin: {e}")))?;
     let state: State = serde_json::from_str(&input)
         .map_err(|e| (None, format!("the OCI state on stdin is not valid: {e}")))?;
-    let spec = ContainerSpec::from_file(&state.bundle.join("config.json"))
-        .map_err(|e| (None, e.to_string()))?;
+    let spec_path = state.bundle.join("config.json");
+    progress.set(format!("reading the spec {}", spec_path.display()));
+    let spec = ContainerSpec::from_file(&spec_path).map_err(|e| (None, e.to_string()))?;
+    *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(spec.clone());
     let defaults = config.defaults();
     let group = spec.sandbox_id.clone().unwrap_or_else(|| state.id.clone());
+    progress.set("reading the pod's baselines");
     if state.status == "stopped" {
         // poststop: when the sandbox goes, so do its baselines.
         if spec.kind == kata_topo_core::request::ContainerKind::Sandbox {
@@ -193,17 +240,39 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
         return Ok(v);
     }
     // The live machine through the node-wide cache: a discovery only when the machine changed.
-    let host = kata_topo_core::cache::load(config)
+    let host = kata_topo_core::cache::load_reporting(config, progress)
         .map(|loaded| loaded.host)
         .map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
     let sysfs = Sysfs::new(&config.sysfs_root);
+    if let Some(p) = config_file {
+        progress.set(format!("reading the Kata configuration {}", p.display()));
+    }
     let kata = config_file
         .and_then(|p| KataConfig::load(p).ok())
         .map(|k| k.with_annotations(&spec.annotations));
+    if let Some(pid) = state.pid {
+        progress.set(format!(
+            "reading the VM view of process {pid} under {}",
+            config.procfs_root.display()
+        ));
+    }
+    // A VMM is the sandbox's: root's, running the configured hypervisor, in a cgroup that
+    // names the sandbox. A process that only looks like one is not read.
+    let identity = Identity {
+        hypervisor: kata.as_ref().and_then(|k| k.hypervisor_path.clone()),
+        sandbox_id: Some(group.clone()),
+        ..Identity::default()
+    };
     let vm = state
         .pid
-        .and_then(|pid| VmView::read(&config.procfs_root, pid).ok())
+        .and_then(|pid| {
+            VmReader::new(&config.procfs_root)
+                .with_identity(identity)
+                .read(pid)
+                .ok()
+        })
         .filter(VmView::is_vmm);
+    progress.set("reading the pod's baselines");
     let checker = Checker::new(&host, Some(&sysfs), defaults);
     let store = store(config, &state.bundle, &group);
     let name = spec.container_name.clone();
@@ -226,6 +295,7 @@ fn check(config: &Config, config_file: Option<&Path>) -> Result<Verdict, Failure
     }
     if let (Some(s), Some(n), None) = (&store, &name, &baseline) {
         if verdict.decision == Decision::Allow {
+            progress.set("recording the container's baseline");
             let _ = s.save_container_baseline(n, &checker.record_baseline(&spec));
         }
     }

@@ -282,3 +282,144 @@ fn a_pod_annotation_cannot_switch_enforcement_off() {
         "{rules:?}"
     );
 }
+
+/// A machine whose discovery blocks: one of hwloc's sysfs/procfs snapshots (discovered through
+/// `HWLOC_FSROOT`, as a live machine) with a FIFO nobody writes where hwloc reads
+/// `/proc/cpuinfo` — the open blocks, as a read of a hung device's attribute does. The
+/// topology key (which the hardened reader reads) is intact, so the cache misses and hwloc
+/// discovers.
+fn blocking_machine(dir: &Path) -> PathBuf {
+    let archive = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../core/tests/fixtures/hwloc/fsroot/40intel64-2g2n4c+pcilocality.tar.bz2");
+    let status = Command::new("tar")
+        .arg("-xjf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(dir)
+        .status()
+        .expect("run tar (needs bzip2)");
+    assert!(status.success(), "unpacking {}", archive.display());
+    let root = dir.join("40intel64-2g2n4c+pci");
+    let boot = root.join("proc/sys/kernel/random");
+    std::fs::create_dir_all(&boot).expect("mkdir");
+    std::fs::write(
+        boot.join("boot_id"),
+        "5c1f0a3e-0000-4000-8000-000000000001\n",
+    )
+    .expect("boot");
+    let cpuinfo = root.join("proc/cpuinfo");
+    let _ = std::fs::remove_file(&cpuinfo);
+    nix::unistd::mkfifo(&cpuinfo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+    root
+}
+
+/// The hook's configuration on the live machine (through the node-wide cache).
+fn live_config(e: &Env, mode: &str, fail_closed: bool) -> PathBuf {
+    let config = e.dir.path().join("live.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[topology_guard]\nmode = \"{mode}\"\nfail_closed = {fail_closed}\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            e.dir.path().join("state").display(),
+            e.dir.path().join("kt.log").display()
+        ),
+    )
+    .expect("config");
+    config
+}
+
+/// The hook with `stdin` written (and closed unless `hold`), killed if it has not exited
+/// within a minute; its output and how long it ran.
+fn timed_hook(
+    config: &Path,
+    fsroot: &Path,
+    stdin: &str,
+    hold: bool,
+) -> (Option<i32>, String, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kata-topo-hook"))
+        .env("KATA_TOPO_CONFIG", config)
+        .env("HWLOC_FSROOT", fsroot)
+        .env("HWLOC_COMPONENTS", "linux,stop")
+        .env_remove("TTRPC_ADDRESS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run hook");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(stdin.as_bytes()).expect("write state");
+    let held = hold.then_some(input);
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status.code();
+        }
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(held);
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (code, err, start.elapsed())
+}
+
+/// Every step of the hook has a deadline: a topology discovery that blocks, or a state on
+/// stdin that never ends, costs the container a bounded wait and a `check-failed` finding that
+/// says what the hook was waiting for — never the container's creation — and refuses only
+/// with `fail_closed` in enforce mode.
+#[test]
+fn a_hook_step_that_blocks_is_given_up_in_time() {
+    let e = env("audit", false);
+    let machine = tempfile::tempdir().expect("tempdir");
+    let fsroot = blocking_machine(machine.path());
+    let b = e.bundle("trainer", "0", false);
+
+    let (code, err, took) = timed_hook(
+        &live_config(&e, "audit", false),
+        &fsroot,
+        &e.state(&b, "creating"),
+        false,
+    );
+    assert_eq!(code, Some(0), "the hook hung or failed ({took:?}): {err}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    let log = std::fs::read_to_string(e.dir.path().join("kt.log")).unwrap_or_default();
+    let failed: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["rule"] == "check-failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{log}");
+    let msg = failed[0]["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("did not finish within") && msg.contains("discovering the live machine"),
+        "{msg}"
+    );
+
+    let (code, err, took) = timed_hook(
+        &live_config(&e, "enforce", true),
+        &fsroot,
+        &e.state(&b, "creating"),
+        false,
+    );
+    assert_eq!(code, Some(1), "fail_closed refuses ({took:?}): {err}");
+    assert!(err.contains("discovering the live machine"), "{err}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+
+    // A runtime that never closes the hook's stdin.
+    let (code, err, took) = timed_hook(
+        &live_config(&e, "audit", false),
+        &fsroot,
+        &e.state(&b, "creating"),
+        true,
+    );
+    assert_eq!(code, Some(0), "({took:?}): {err}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    let log = std::fs::read_to_string(e.dir.path().join("kt.log")).unwrap_or_default();
+    assert!(log.contains("reading the OCI state on stdin"), "{log}");
+}

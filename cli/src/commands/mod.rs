@@ -11,10 +11,14 @@ pub(crate) mod status;
 pub(crate) mod topology;
 pub(crate) mod vm;
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
+use kata_topo_core::text::printable;
+use kata_topo_core::wait::{run_noting, Progress, WaitError};
 use kata_topo_core::{Host, Sysfs, TopologySource};
 
 /// Where the host description comes from.
@@ -27,6 +31,11 @@ pub(crate) struct HostArgs {
     /// machine; none with --topology (an XML describes another machine).
     #[arg(long, value_name = "ROOT")]
     sysfs: Option<PathBuf>,
+    /// The most to wait for the topology, in seconds (a read under /sys or /proc that blocks
+    /// — a hung device — would otherwise hang the command). What it waits for is said after
+    /// a second.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    timeout: u64,
 }
 
 impl HostArgs {
@@ -35,7 +44,33 @@ impl HostArgs {
             Some(path) => TopologySource::Xml(path.clone()),
             None => TopologySource::Live,
         };
-        let host = Host::load(&source)?;
+        let budget = Duration::from_secs(self.timeout);
+        let progress = Progress::new(match &source {
+            TopologySource::Xml(path) => format!("loading {}", path.display()),
+            TopologySource::Live => {
+                kata_topo_core::cache::discovering(&kata_topo_core::cache::this_machine_root())
+            }
+        });
+        let mut say = |step: &str| {
+            let _ = writeln!(
+                std::io::stderr(),
+                "kata-topo: waiting for the topology: {}",
+                printable(step)
+            );
+        };
+        let host = match run_noting(
+            budget,
+            Some((Duration::from_secs(1), &mut say)),
+            &progress,
+            move || Host::load(&source),
+        ) {
+            Ok(host) => host?,
+            Err(WaitError::TimedOut { waiting_for, .. }) => anyhow::bail!(
+                "gave up after {} s: still {waiting_for} (a read that blocks: a hung device?)",
+                self.timeout
+            ),
+            Err(e) => return Err(e.into()),
+        };
         let sysfs = match (&self.sysfs, &self.topology) {
             (Some(root), _) => {
                 if !root.is_dir() {

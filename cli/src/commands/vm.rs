@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use kata_topo_core::vm::{Accel, VmReader};
+use kata_topo_core::text::printable;
+use kata_topo_core::vm::{Accel, Identity, VmReader};
 
 use crate::out::{self, outln};
 
@@ -23,13 +24,31 @@ pub(crate) struct VmArgs {
     /// another --procfs.
     #[arg(long, value_name = "DIR")]
     kvm_debugfs: Option<PathBuf>,
+    /// The user the runtime runs VMMs as: a process of another user is not taken for one.
+    #[arg(long, value_name = "UID", default_value_t = 0)]
+    owner: u32,
+    /// The configured hypervisor (Kata's `[hypervisor.*] path`): a process running anything
+    /// else is not taken for the VMM.
+    #[arg(long, value_name = "PATH")]
+    hypervisor: Option<PathBuf>,
+    /// The sandbox id: the VMM's cgroup must name it (or its parents lead to --shim-pid).
+    #[arg(long, value_name = "ID")]
+    sandbox: Option<String>,
+    /// The sandbox's shim: the VMM must descend from it (or its cgroup name --sandbox).
+    #[arg(long, value_name = "PID")]
+    shim_pid: Option<u32>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub(crate) fn vm(args: &VmArgs) -> Result<ExitCode> {
-    let mut reader = VmReader::new(&args.procfs);
+    let mut reader = VmReader::new(&args.procfs).with_identity(Identity {
+        owner: Some(args.owner),
+        hypervisor: args.hypervisor.clone(),
+        sandbox_id: args.sandbox.clone(),
+        shim_pid: args.shim_pid,
+    });
     if let Some(dir) = &args.kvm_debugfs {
         reader = reader.with_kvm_debugfs(Some(dir.clone()));
     }
@@ -41,6 +60,16 @@ pub(crate) fn vm(args: &VmArgs) -> Result<ExitCode> {
     let via = view
         .found_via
         .map_or(String::new(), |p| format!(", child of pid {p}"));
+    if let Some(r) = &view.rejected {
+        outln!(
+            "pid {} ({}){via} looks like a VMM but is not the sandbox's: the {} check failed: {}",
+            view.pid,
+            printable(&view.comm),
+            r.check.name(),
+            printable(&r.reason)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(accel) = view.accel else {
         outln!(
             "pid {} ({}){via} is not a VMM: it holds no KVM vCPU fd and is not QEMU under TCG",

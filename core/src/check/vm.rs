@@ -22,7 +22,7 @@ pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
         vcpu_pinning_lost(cx, kata, f);
         guest_numa_uncovered(cx, kata, f);
     }
-    if let Some(vm) = cx.req.vm {
+    if let Some(vm) = cx.req.vm.filter(|v| v.is_vmm()) {
         vcpu_affinity_drift(cx, vm, f);
         vcpu_overlap(vm, f);
     }

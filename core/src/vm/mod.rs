@@ -168,6 +168,67 @@ pub struct Sampling {
     pub window_ms: u64,
 }
 
+/// What makes a process the sandbox's VMM beyond looking like one: who runs it, what it
+/// runs and whose it is. A process anyone can start — a copy of a binary named
+/// `qemu-system-x86_64`, threads named `CPU 0/TCG` — fails one of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The user the runtime runs VMMs as (root; `None`: not checked).
+    pub owner: Option<u32>,
+    /// The configured hypervisor (Kata's `[hypervisor.*] path`): the VMM's executable
+    /// must be it (`None`: not checked).
+    pub hypervisor: Option<PathBuf>,
+    /// The sandbox: the VMM's cgroup names it, or ...
+    pub sandbox_id: Option<String>,
+    /// ... its parent chain leads to the sandbox's shim (runtime-rs starts its VMM as a
+    /// child; dragonball runs in the shim itself).
+    pub shim_pid: Option<u32>,
+}
+
+impl Default for Identity {
+    /// Root's, anything else unchecked.
+    fn default() -> Self {
+        Self {
+            owner: Some(0),
+            hypervisor: None,
+            sandbox_id: None,
+            shim_pid: None,
+        }
+    }
+}
+
+/// Which identity check a process failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Check {
+    /// It runs as another user than the runtime.
+    Owner,
+    /// Its executable is not the configured hypervisor.
+    Executable,
+    /// It belongs to no part of this sandbox.
+    Sandbox,
+}
+
+impl Check {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Owner => "owner",
+            Self::Executable => "executable",
+            Self::Sandbox => "sandbox",
+        }
+    }
+}
+
+/// Why a process that looks like a VMM is not taken for the sandbox's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    /// The check it failed.
+    pub check: Check,
+    /// What was expected and found.
+    pub reason: String,
+}
+
 /// What the VMM process is and where it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VmView {
@@ -202,6 +263,9 @@ pub struct VmView {
     pub memory_nodes: IdSet,
     /// Guest NUMA nodes from the command line.
     pub guest_nodes: Vec<GuestNode>,
+    /// The process looks like a VMM but failed this identity check ([`Identity`]): it is
+    /// not taken for the sandbox's VMM and nothing else of it is read.
+    pub rejected: Option<Rejection>,
 }
 
 impl VmView {
@@ -211,9 +275,9 @@ impl VmView {
         VmReader::new(procfs).read(pid)
     }
 
-    /// Whether the process is a VMM (see the module documentation).
+    /// Whether the process is the sandbox's VMM (see the module documentation).
     pub fn is_vmm(&self) -> bool {
-        self.accel.is_some()
+        self.accel.is_some() && self.rejected.is_none()
     }
 
     /// How many vCPUs the VM has: its KVM vCPU fds, or under TCG its vCPU threads.
@@ -238,6 +302,7 @@ pub struct VmReader {
     kvm_debugfs: Option<PathBuf>,
     samples: u32,
     interval: Duration,
+    identity: Identity,
 }
 
 impl VmReader {
@@ -251,7 +316,14 @@ impl VmReader {
             kvm_debugfs: live.then(|| PathBuf::from("/sys/kernel/debug/kvm")),
             samples: DEFAULT_SAMPLES,
             interval: DEFAULT_INTERVAL,
+            identity: Identity::default(),
         }
+    }
+
+    /// Holds a process that looks like a VMM to `identity` (by default: root's).
+    pub fn with_identity(mut self, identity: Identity) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// KVM's debugfs directory (`<debugfs>/kvm`), or none.
@@ -292,8 +364,107 @@ impl VmReader {
         }
     }
 
+    /// The first identity check `p` fails; a check with nothing configured to hold it to
+    /// passes.
+    fn verify(&self, p: &Process) -> Option<Rejection> {
+        let id = &self.identity;
+        let (owner, _) = p.owner_and_parent();
+        if let Some(want) = id.owner {
+            match owner {
+                Some(uid) if uid == want => {}
+                Some(uid) => {
+                    return Some(Rejection {
+                        check: Check::Owner,
+                        reason: format!(
+                            "process {} runs as uid {uid}, the runtime's VMMs as uid {want}",
+                            p.pid
+                        ),
+                    })
+                }
+                None => {
+                    return Some(Rejection {
+                        check: Check::Owner,
+                        reason: format!(
+                            "the owner of process {} cannot be read (its status has no Uid \
+                             line); the runtime's VMMs run as uid {want}",
+                            p.pid
+                        ),
+                    })
+                }
+            }
+        }
+        if let Some(want) = &id.hypervisor {
+            let resolved = std::fs::canonicalize(want).ok();
+            let ok = p.exe.as_deref().is_some_and(|e| {
+                Path::new(e) == want.as_path() || resolved.as_deref() == Some(Path::new(e))
+            });
+            if !ok {
+                return Some(Rejection {
+                    check: Check::Executable,
+                    reason: format!(
+                        "process {} runs {}, not the configured hypervisor {}",
+                        p.pid,
+                        p.exe
+                            .as_deref()
+                            .unwrap_or("an executable that cannot be read"),
+                        want.display()
+                    ),
+                });
+            }
+        }
+        if id.sandbox_id.is_none() && id.shim_pid.is_none() {
+            return None;
+        }
+        let cgroups = p.cgroups().unwrap_or_default();
+        if let Some(sid) = id.sandbox_id.as_deref().filter(|s| !s.is_empty()) {
+            if cgroups
+                .iter()
+                .any(|c| c.split('/').any(|part| part.contains(sid)))
+            {
+                return None;
+            }
+        }
+        if let Some(shim) = id.shim_pid {
+            let mut pid = p.pid;
+            for _ in 0..64 {
+                if pid == shim {
+                    return None;
+                }
+                match procfs::status_owner_and_parent(&self.procfs.join(pid.to_string())).1 {
+                    Some(parent) if parent > 1 && parent != pid => pid = parent,
+                    _ => break,
+                }
+            }
+        }
+        let mut wanted = Vec::new();
+        if let Some(sid) = &id.sandbox_id {
+            wanted.push(format!("a cgroup naming sandbox {sid}"));
+        }
+        if let Some(shim) = id.shim_pid {
+            wanted.push(format!("a parent chain to the sandbox's shim (pid {shim})"));
+        }
+        Some(Rejection {
+            check: Check::Sandbox,
+            reason: format!(
+                "process {} is in cgroup {} and not a descendant of the shim; the sandbox's VMM \
+                 has {}",
+                p.pid,
+                if cgroups.is_empty() {
+                    "unknown".to_string()
+                } else {
+                    cgroups.join(", ")
+                },
+                wanted.join(" or ")
+            ),
+        })
+    }
+
     fn view(&self, p: Process, found_via: Option<u32>) -> Result<VmView, VmError> {
-        let accel = identify(&p);
+        let mut accel = identify(&p);
+        let rejected = accel.and_then(|_| self.verify(&p));
+        if rejected.is_some() {
+            accel = None;
+        }
         let mut view = VmView {
             pid: p.pid,
             found_via,
@@ -310,7 +481,12 @@ impl VmReader {
             memory_policies: BTreeMap::new(),
             memory_nodes: IdSet::new(),
             guest_nodes: Vec::new(),
+            rejected,
         };
+        if view.rejected.is_some() {
+            view.kvm_vcpus = IdSet::new();
+            return Ok(view);
+        }
         let Some(accel) = accel else {
             let named: Vec<String> = p
                 .tasks

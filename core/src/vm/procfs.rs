@@ -215,6 +215,24 @@ pub(crate) fn parse_tgid(status: &str) -> Option<u32> {
         .and_then(|v| decimal(v.trim(), u32::MAX))
 }
 
+/// The effective uid and the parent of the process whose procfs directory is `dir`.
+pub(crate) fn status_owner_and_parent(dir: &Path) -> (Option<u32>, Option<u32>) {
+    let Ok(status) = read_small(&dir.join("status")) else {
+        return (None, None);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let uid = field("Uid")
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|u| decimal(u, u32::MAX));
+    let ppid = field("PPid").and_then(|p| decimal(p, u32::MAX));
+    (uid, ppid)
+}
+
 impl Process {
     /// Reads process `pid` under `procfs`; a thread id reads the process it belongs to
     /// (runtime-rs reports dragonball's VMM thread). A missing process is
@@ -363,6 +381,23 @@ impl Process {
         read_bounded_nofollow(&self.dir.join("numa_maps"), MAX_NUMA_MAPS)
             .ok()
             .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// The process's effective user and its parent, from its `status` (`Uid:` real,
+    /// effective, saved, file system; `PPid:`); `None` where unreadable.
+    pub(crate) fn owner_and_parent(&self) -> (Option<u32>, Option<u32>) {
+        status_owner_and_parent(&self.dir)
+    }
+
+    /// The process's cgroup paths (`/proc/<pid>/cgroup`: `0::/kubepods.slice/…`), when
+    /// readable.
+    pub(crate) fn cgroups(&self) -> Option<Vec<String>> {
+        read_small(&self.dir.join("cgroup")).ok().map(|t| {
+            t.lines()
+                .filter_map(|l| l.splitn(3, ':').nth(2))
+                .map(str::to_string)
+                .collect()
+        })
     }
 
     /// The basename of the executable, else the command name.

@@ -55,7 +55,8 @@ impl Tree {
         if let Some(exe) = exe {
             std::os::unix::fs::symlink(exe, p.join("exe")).expect("exe");
         }
-        self.thread(pid, pid, comm, USER, PPOLL, "0-1")
+        self.owner(pid, 0, 1, "0::/\n")
+            .thread(pid, pid, comm, USER, PPOLL, "0-1")
     }
 
     fn fd(&self, pid: u32, fd: u32, link: &str) -> &Self {
@@ -85,6 +86,18 @@ impl Tree {
             &format!("Name:\t{name}\nTgid:\t{pid}\nPid:\t{tid}\nCpus_allowed:\t3\nCpus_allowed_list:\t{cpus}\n"),
         );
         Self::write(&t.join("children"), "");
+        self
+    }
+
+    /// The process's owner and parent (`Uid:`, `PPid:` of its `status`) and its cgroups.
+    fn owner(&self, pid: u32, uid: u32, ppid: u32, cgroup: &str) -> &Self {
+        Self::write(
+            &self.proc().join(format!("{pid}/status")),
+            &format!(
+                "Name:\tx\nTgid:\t{pid}\nPid:\t{pid}\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+            ),
+        );
+        Self::write(&self.proc().join(format!("{pid}/cgroup")), cgroup);
         self
     }
 
@@ -315,6 +328,110 @@ fn threads_named_like_vcpus_do_not_make_a_vmm() {
     )
     .thread(300, 301, "CPU 0/TCG", USER, FUTEX, "0");
     assert!(!t.reader().read(300).expect("view").is_vmm());
+}
+
+/// Anyone can run a copy of a binary named `qemu-system-x86_64` and name its threads
+/// `CPU <n>/TCG`. A VMM is a process the runtime started for this sandbox: owned by the
+/// runtime's user, running the configured hypervisor, and the sandbox's (its cgroup names
+/// the sandbox, or its parents lead to the sandbox's shim). The first check that fails is named.
+#[test]
+fn an_impostor_is_not_taken_for_the_vmm_and_the_check_that_failed_is_named() {
+    let t = Tree::new();
+    let impostor = |pid: u32, exe: &str| {
+        t.process(
+            pid,
+            "qemu-system-x86",
+            Some(exe),
+            &["qemu-system-x86_64", "-accel", "tcg"],
+        )
+        .thread(pid, pid + 1, "CPU 0/TCG", USER, FUTEX, "0")
+        .thread(pid, pid + 2, "CPU 1/TCG", USER, FUTEX, "1");
+    };
+    let identity = Identity {
+        owner: Some(0),
+        hypervisor: Some(PathBuf::from("/opt/kata/bin/qemu-system-x86_64")),
+        sandbox_id: Some("4f1c0e5a9b7d".into()),
+        shim_pid: Some(50),
+    };
+    let read = |pid: u32| {
+        t.reader()
+            .with_identity(identity.clone())
+            .read(pid)
+            .expect("view")
+    };
+    let rejected = |v: &VmView| {
+        assert!(!v.is_vmm(), "{v:#?}");
+        assert!(v.vcpus.is_empty() && v.guest_nodes.is_empty(), "{v:#?}");
+        v.rejected.clone().expect("rejected")
+    };
+
+    // Another user's copy.
+    impostor(400, "/home/mallory/qemu-system-x86_64");
+    t.owner(
+        400,
+        65534,
+        1,
+        "0::/user.slice/user-1000.slice/session-4.scope\n",
+    );
+    let r = rejected(&read(400));
+    assert_eq!(r.check, Check::Owner);
+    assert!(
+        r.reason.contains("uid 65534") && r.reason.contains("uid 0"),
+        "{}",
+        r.reason
+    );
+
+    // Root's, but not the configured hypervisor.
+    impostor(410, "/tmp/qemu-system-x86_64");
+    t.owner(410, 0, 1, "0::/system.slice/cron.service\n");
+    let r = rejected(&read(410));
+    assert_eq!(r.check, Check::Executable);
+    assert!(r.reason.contains("/tmp/qemu-system-x86_64"), "{}", r.reason);
+    assert!(
+        r.reason.contains("/opt/kata/bin/qemu-system-x86_64"),
+        "{}",
+        r.reason
+    );
+
+    // The configured hypervisor, root's, but another sandbox's (or none).
+    impostor(420, "/opt/kata/bin/qemu-system-x86_64");
+    t.owner(420, 0, 1, "0::/system.slice/cron.service\n");
+    let r = rejected(&read(420));
+    assert_eq!(r.check, Check::Sandbox);
+    assert!(
+        r.reason.contains("4f1c0e5a9b7d") && r.reason.contains("cron.service"),
+        "{}",
+        r.reason
+    );
+
+    // The sandbox's: by its cgroup, or by its parent chain up to the shim.
+    impostor(430, "/opt/kata/bin/qemu-system-x86_64");
+    t.owner(
+        430,
+        0,
+        1,
+        "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-4f1c0e5a9b7d.scope\n",
+    );
+    let v = read(430);
+    assert!(v.is_vmm() && v.rejected.is_none(), "{v:#?}");
+    assert_eq!(v.vcpus.len(), 2);
+    impostor(440, "/opt/kata/bin/qemu-system-x86_64");
+    t.owner(440, 0, 60, "0::/system.slice/containerd.service\n");
+    t.process(
+        60,
+        "containerd-shim",
+        Some("/usr/bin/containerd-shim-kata-v2"),
+        &[],
+    )
+    .owner(60, 0, 50, "0::/system.slice/containerd.service\n");
+    let v = read(440);
+    assert!(v.is_vmm() && v.rejected.is_none(), "{v:#?}");
+
+    // Unknown owner: not taken either.
+    impostor(450, "/opt/kata/bin/qemu-system-x86_64");
+    std::fs::remove_file(t.proc().join("450/status")).expect("rm");
+    let r = rejected(&read(450));
+    assert_eq!(r.check, Check::Owner);
 }
 
 #[test]

@@ -12,11 +12,12 @@
 //! so `topology-drift` follows the machine without a discovery every period.
 
 use std::panic::catch_unwind;
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use kata_topo_core::cache::{CacheKey, Loaded, Origin, TopologyCache};
 use kata_topo_core::host::HostError;
+use kata_topo_core::wait::Gate;
 use kata_topo_core::{Host, TopologySource};
 use kata_topo_sinks::log::rfc3339;
 use kata_topo_sinks::Metrics;
@@ -32,21 +33,6 @@ struct Slot {
     tried: bool,
 }
 
-/// Where the daemon's first load is.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum FirstLoad {
-    /// Nobody asked for a load yet.
-    #[default]
-    NotAsked,
-    /// A load was asked for and has not finished.
-    Running,
-    /// A load finished, well or not.
-    Finished,
-    /// A check waited its time and the load had not finished: no check waits again (a load
-    /// that hangs must not cost every request the wait).
-    GaveUp,
-}
-
 /// The topology and how fresh it is.
 #[derive(Debug)]
 pub(crate) struct HostCache {
@@ -54,8 +40,8 @@ pub(crate) struct HostCache {
     /// The node-wide cache, for the live machine unless `topology_cache = false`.
     cache: Option<TopologyCache>,
     slot: RwLock<Slot>,
-    first: Mutex<FirstLoad>,
-    first_done: Condvar,
+    /// The first load: waited for once, for a bounded time.
+    first: Gate,
 }
 
 impl HostCache {
@@ -64,44 +50,25 @@ impl HostCache {
             source,
             cache,
             slot: RwLock::new(Slot::default()),
-            first: Mutex::new(FirstLoad::NotAsked),
-            first_done: Condvar::new(),
+            first: Gate::new(),
         }
     }
 
     /// Says that the first load is under way (the refresher thread is about to run it), so
     /// that [`HostCache::current_within`] waits for it.
     pub(crate) fn first_load_asked(&self) {
-        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if *first == FirstLoad::NotAsked {
-            *first = FirstLoad::Running;
-        }
+        self.first.asked();
     }
 
     fn first_load_finished(&self) {
-        let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if *first != FirstLoad::Finished {
-            *first = FirstLoad::Finished;
-            self.first_done.notify_all();
-        }
+        self.first.finished();
     }
 
     /// [`HostCache::current`], after waiting at most `wait` for the first load when it is
     /// under way. Once it finished, when none was asked for, or once one wait ran out, this
-    /// never waits.
+    /// never waits (a load that hangs must not cost every request the wait).
     pub(crate) fn current_within(&self, wait: Duration) -> (Option<Arc<Host>>, Option<String>) {
-        let first = self.first.lock().unwrap_or_else(|e| e.into_inner());
-        if *first == FirstLoad::Running {
-            let (mut first, _) = self
-                .first_done
-                .wait_timeout_while(first, wait, |f| *f == FirstLoad::Running)
-                .unwrap_or_else(|e| e.into_inner());
-            if *first == FirstLoad::Running {
-                *first = FirstLoad::GaveUp;
-            }
-        } else {
-            drop(first);
-        }
+        self.first.wait_within(wait);
         self.current()
     }
 
@@ -120,6 +87,11 @@ impl HostCache {
             match cache.key() {
                 Ok(now) if now == *known => {
                     let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
+                    // The nodes' memory moves without a change of topology: read it afresh.
+                    if let Some(host) = slot.host.as_deref().and_then(|h| cache.with_live_memory(h))
+                    {
+                        slot.host = Some(Arc::new(host));
+                    }
                     slot.error = None;
                     slot.loaded_at = Some(SystemTime::now());
                     drop(slot);
@@ -198,15 +170,16 @@ mod tests {
     use std::path::Path;
     use std::time::{Duration, Instant};
 
-    /// The key inputs of a machine under `root`, as the kernel lays them out.
-    fn key_inputs(root: &Path, online: &str) {
+    /// The key inputs of a machine under `root`, as the kernel lays them out: this machine's
+    /// CPUs (its discovery must match them to be stored), no NUMA and no PCI bus.
+    fn key_inputs(root: &Path, boot: &str) {
+        let cpus = |f: &str| {
+            std::fs::read_to_string(format!("/sys/devices/system/cpu/{f}")).expect("this machine")
+        };
         for (rel, text) in [
-            (
-                "proc/sys/kernel/random/boot_id",
-                "1e4f0b8a-0000-4000-8000-000000000000",
-            ),
-            ("sys/devices/system/cpu/online", online),
-            ("sys/devices/system/cpu/present", "0-1"),
+            ("proc/sys/kernel/random/boot_id", boot),
+            ("sys/devices/system/cpu/online", &cpus("online")),
+            ("sys/devices/system/cpu/present", &cpus("present")),
             ("proc/meminfo", "MemTotal: 1048576 kB\n"),
         ] {
             let path = root.join(rel);
@@ -286,7 +259,7 @@ mod tests {
     fn a_refresh_reloads_only_when_the_key_changed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("machine");
-        key_inputs(&root, "0-1");
+        key_inputs(&root, "1e4f0b8a-0000-4000-8000-000000000000");
         let state = dir.path().join("state");
         let log_path = dir.path().join("kt.log");
         let log = Log::with_journal(&log_path, false, None, Drops::new());
@@ -318,13 +291,13 @@ mod tests {
         );
         assert_eq!(lines(&log, &log_path).len(), 1);
 
-        key_inputs(&root, "0");
+        key_inputs(&root, "2f5a1c9b-0000-4000-8000-000000000000");
         assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
         let after = cache.current().0.expect("loaded");
         assert!(!Arc::ptr_eq(&first, &after), "a changed key loads again");
         let loaded = lines(&log, &log_path);
         assert_eq!(loaded.len(), 2, "{loaded:?}");
-        assert_eq!(loaded[1]["changed"], "cpus");
+        assert_eq!(loaded[1]["changed"], "boot");
 
         // Another daemon of the node finds the new key's file: no discovery.
         let other = HostCache::new(
