@@ -134,10 +134,15 @@ fn json_lists_sources_per_vcpu() {
 
 #[test]
 fn a_process_that_is_not_a_vmm_says_so() {
+    // A process of its own: the test process has the other tests' children (the impostor
+    // VMM among them), and `vm` looks at a process's children too.
+    let mut plain = Command::new("sleep").arg("30").spawn().expect("sleep");
     let out = Command::new(env!("CARGO_BIN_EXE_kata-topo"))
-        .args(["vm", "--pid", &std::process::id().to_string()])
+        .args(["vm", "--pid", &plain.id().to_string()])
         .output()
         .expect("run");
+    let _ = plain.kill();
+    let _ = plain.wait();
     let out = text(&out);
     assert!(
         out.contains("is not a VMM: it holds no KVM vCPU fd and is not QEMU under TCG"),

@@ -251,7 +251,8 @@ step_cleanup() {
     sleep 0.2
   done
   local status rc=0
-  status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1 | head -n 1) || rc=$?
+  status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1) || rc=$?
+  status=$(head -n 1 <<< "${status}")
   if [ -z "${left}" ] && [ "${rc}" = 0 ]; then
     local cached
     cached=$(find "${state}" -mindepth 1 -maxdepth 1 -name 'topology-*.xml' -user 0 -perm 600 2> /dev/null | wc -l)

@@ -299,6 +299,10 @@ impl PodChecks {
         };
         let sandbox = spec.kind == ContainerKind::Sandbox;
         let name = spec.container_name.clone();
+        slog::debug!(self.sinks.log, "create request"; "event" => "create-request",
+            "task_id" => task_id, "container_name" => name.clone(),
+            "resources" => slog::Serde(spec.resources.clone()),
+            "annotations" => slog::Serde(spec.annotations.clone()));
         let of = match (&name, sandbox) {
             (_, true) => Some(BaselineOf::Sandbox),
             (Some(n), false) => Some(BaselineOf::Container(n.clone())),
@@ -347,6 +351,12 @@ impl PodChecks {
     /// A task `Update` with the `LinuxResources` JSON containerd sent.
     pub(crate) fn on_update(&self, task_id: &str, resources_json: &[u8]) -> Outcome {
         let started = Instant::now();
+        // The whole request only at debug (containerd's `-debug`): what the kubelet and
+        // containerd really send, for recording.
+        slog::debug!(self.sinks.log, "update request"; "event" => "update-request",
+            "task_id" => task_id,
+            "resources" => slog::Serde(serde_json::from_slice::<serde_json::Value>(resources_json)
+                .unwrap_or_else(|_| String::from_utf8_lossy(resources_json).into())));
         let record = self.store.task(task_id);
         let spec = record.as_ref().map(|r| self.specs.get(&r.bundle));
         let update = Resources::from_json(resources_json);
