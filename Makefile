@@ -51,7 +51,8 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration vm-test k8s k8s-test bench soak fuzz \
+.PHONY: help deps build build-all build-release test lint unit integration vm-test k8s k8s-test \
+	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
 
@@ -67,6 +68,7 @@ help:
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
+	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
@@ -170,6 +172,11 @@ vm-test: build-all
 # (KT_K8S_CACHE, default ~/.cache/kata-topo/k8s); a second run builds nothing.
 k8s:
 	@start=$$(date +%s); bash k8s/build.sh > /dev/null && echo "== make k8s took $$(( $$(date +%s) - start )) s"
+
+# promtool (tools/promtool/): the github.com/prometheus/prometheus version tools/promtool/go.mod
+# pins, built like make k8s into KT_PROMTOOL_CACHE (default ~/.cache/kata-topo/promtool).
+promtool:
+	@start=$$(date +%s); bash tools/promtool/build.sh > /dev/null && echo "== make promtool took $$(( $$(date +%s) - start )) s"
 
 # The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,
 # containerd with the wrapper; etcd and kube-apiserver on this host. Report:

@@ -34,7 +34,9 @@ go_build_init() {
 go_cache_root() { printf '%s\n' "${XDG_CACHE_HOME:-${HOME}/.cache}/kata-topo"; }
 
 # go_required MODULE_DIR MODULE_PATH: the version of MODULE_PATH that MODULE_DIR/go.mod requires.
-go_required() { awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$1/go.mod"; }
+go_required() {
+  awk -v m="$2" '$1 == "require" { $1 = "" ; $0 = $0 } $1 == m && $2 ~ /^v/ { print $2; exit }' "$1/go.mod"
+}
 
 # go_module_time MODULE@VERSION: the time the proxy records for that version (a build date
 # that does not change from one build to the next).
