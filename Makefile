@@ -51,7 +51,8 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint unit integration vm-test k8s k8s-test bench soak fuzz \
+.PHONY: help deps build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test \
+	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
 
@@ -67,6 +68,8 @@ help:
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
+	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
+	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
@@ -171,6 +174,18 @@ vm-test: build-all
 k8s:
 	@start=$$(date +%s); bash k8s/build.sh > /dev/null && echo "== make k8s took $$(( $$(date +%s) - start )) s"
 
+# promtool (tools/promtool/): the github.com/prometheus/prometheus version tools/promtool/go.mod
+# pins, built like make k8s into KT_PROMTOOL_CACHE (default ~/.cache/kata-topo/promtool).
+promtool:
+	@start=$$(date +%s); bash tools/promtool/build.sh > /dev/null && echo "== make promtool took $$(( $$(date +%s) - start )) s"
+
+# The alerts and the dashboard (deploy/prometheus/, deploy/grafana/): promtool check rules on
+# every rules file, promtool test rules, the PrometheusRule against the plain file, and every
+# queried metric against what the metrics code writes. Fails when promtool cannot be built.
+alerts-test: deps
+	@out=$$(bash tools/promtool/build.sh) && \
+	  KT_PROMTOOL=$$(tail -n 1 <<< "$$out") $(CARGO) test -p kata-topo-integration --locked --test alerts
+
 # The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,
 # containerd with the wrapper; etcd and kube-apiserver on this host. Report:
 # target/k8s-test/report.json.
@@ -179,7 +194,7 @@ k8s-test: build-all k8s
 	  KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-840} bash integration/vm-test/run.sh k8s-test; rc=$$?; \
 	  echo "== make k8s-test took $$(( $$(date +%s) - start )) s"; exit $$rc
 
-test: lint unit integration vm-test
+test: lint alerts-test unit integration vm-test
 
 # The wrapper benchmark runs once per containerd the integration tests use: Debian's, then
 # containerd 2.3.4 from its archive (when it is there), then each directory of

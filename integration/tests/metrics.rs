@@ -100,6 +100,15 @@ fn node_exporter_reads_the_wrapper_metrics_and_they_go_with_the_sandbox() {
         l
     };
     assert_eq!(ne.value("kata_topo_sandbox_watched", &base), Some(1.0));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let heartbeat = ne.value("kata_topo_heartbeat_timestamp_seconds", &base);
+    assert!(
+        heartbeat.is_some_and(|t| (now - t).abs() < 120.0),
+        "heartbeat {heartbeat:?}, now {now}"
+    );
     assert_eq!(
         ne.value(
             "kata_topo_checks_total",

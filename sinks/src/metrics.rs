@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo_core::files::Dir;
 use kata_topo_core::Verdict;
@@ -25,6 +25,13 @@ const BUCKETS: [f64; 11] = [
 ];
 /// How often the writer looks at the drop counters when nothing else changed.
 const IDLE: Duration = Duration::from_secs(5);
+/// How often a running daemon rewrites its file when nothing changed, so that
+/// `kata_topo_heartbeat_timestamp_seconds` (and the file's mtime) show it is alive.
+const HEARTBEAT: Duration = if cfg!(test) {
+    Duration::from_millis(500)
+} else {
+    Duration::from_secs(60)
+};
 /// The file's mode: node-exporter runs as another user and must read it.
 const MODE: u32 = 0o644;
 /// The longest file name: the temporary name adds 22 bytes, and a name has at most 255.
@@ -205,6 +212,16 @@ fn render(s: &Shared, c: &Counters) -> String {
         out,
         "# HELP kata_topo_sandbox_watched Sandboxes a kata-topo wrapper watches.\n# TYPE kata_topo_sandbox_watched gauge\nkata_topo_sandbox_watched{{{l}}} 1\n"
     );
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let _ = write!(
+        out,
+        "# HELP kata_topo_heartbeat_timestamp_seconds When the wrapper daemon last wrote this file (at least every {} s while it runs).\n# TYPE kata_topo_heartbeat_timestamp_seconds gauge\nkata_topo_heartbeat_timestamp_seconds{{{l}}} {}.{:03}\n",
+        HEARTBEAT.as_secs(),
+        now.as_secs(),
+        now.subsec_millis()
+    );
     out.push_str("# HELP kata_topo_checks_total Checks run by kata-topo, by operation and decision.\n# TYPE kata_topo_checks_total counter\n");
     for ((op, decision), n) in &c.checks {
         let _ = writeln!(
@@ -264,6 +281,7 @@ fn render(s: &Shared, c: &Counters) -> String {
 fn writer(weak: &Weak<Shared>) {
     let mut dir: Option<Dir> = None;
     let mut drops_seen = None;
+    let mut written = Instant::now();
     loop {
         let Some(s) = weak.upgrade() else {
             return;
@@ -271,15 +289,16 @@ fn writer(weak: &Weak<Shared>) {
         let (text, removed) = {
             let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
             let drops_now = Some(s.drops.snapshot());
-            if !c.dirty && !c.removed && drops_now == drops_seen {
+            let fresh = |at: Instant| at.elapsed() < HEARTBEAT;
+            if !c.dirty && !c.removed && drops_now == drops_seen && fresh(written) {
                 c = s
                     .wake
-                    .wait_timeout(c, IDLE)
+                    .wait_timeout(c, IDLE.min(HEARTBEAT))
                     .map(|(g, _)| g)
                     .unwrap_or_else(|e| e.into_inner().0);
             }
             let drops_now = Some(s.drops.snapshot());
-            if !c.dirty && !c.removed && drops_now == drops_seen {
+            if !c.dirty && !c.removed && drops_now == drops_seen && fresh(written) {
                 continue;
             }
             drops_seen = drops_now;
@@ -303,6 +322,7 @@ fn writer(weak: &Weak<Shared>) {
         match text {
             Some(text) => {
                 let _ = d.write_atomic(&s.name, text.as_bytes(), MODE);
+                written = Instant::now();
             }
             None => {
                 let _ = d.remove(&s.name);
@@ -386,6 +406,32 @@ mod tests {
         m.observe(&verdict(), Duration::from_micros(30));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!path.exists(), "a removed sandbox is never written again");
+    }
+
+    fn heartbeat(text: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("kata_topo_heartbeat_timestamp_seconds{"))
+            .and_then(|l| l.split_once("} "))
+            .and_then(|(_, v)| v.parse().ok())
+    }
+
+    #[test]
+    fn an_idle_daemon_rewrites_its_file_with_a_newer_heartbeat() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Metrics::textfile(dir.path(), "k8s.io", "sb1", Drops::new());
+        let path = m.path().expect("path");
+        let first = heartbeat(&wait_for(&path, |t| heartbeat(t).is_some())).expect("heartbeat");
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        assert!((now - first).abs() < 5.0, "{first} is now ({now})");
+        let later = wait_for(&path, |t| heartbeat(t).is_some_and(|h| h > first));
+        assert!(
+            heartbeat(&later).is_some_and(|h| h > first),
+            "nothing changed, yet the file is rewritten with a newer heartbeat:\n{later}"
+        );
+        assert!(m.remove(Instant::now() + Duration::from_secs(10)));
     }
 
     #[test]
