@@ -34,6 +34,7 @@ metrics=/var/lib/prometheus/node-exporter
 k8s=/opt/k8s
 node=kata-topo-vm
 kubelet_root=/var/lib/kubelet
+containerd_bin=""
 export KT_CRI_DIR=${run}/cri
 
 # shellcheck source=integration/vm-test/guest-lib.sh
@@ -88,8 +89,36 @@ metrics_dir = "${metrics}"
 topology_refresh_seconds = 5
 EOF
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
-  # default; no CNI (host-network pods only).
-  cat > "${run}/containerd.toml" << EOF
+  # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x.
+  if [ -n "${containerd_bin}" ]; then
+    cat > "${run}/containerd.toml" << EOF
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "${sock}"
+[debug]
+  level = "debug"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "localhost/kata-topo/pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  enable_selinux = false
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["${run}/cni/bin"]
+  conf_dir = "${run}/cni/conf"
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata-topo]
+    runtime_type = "io.containerd.kata-topo.v2"
+    pod_annotations = ["kata-topo.io/*"]
+EOF
+  else
+    cat > "${run}/containerd.toml" << EOF
 version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -115,6 +144,7 @@ state = "/run/containerd"
       runtime_type = "io.containerd.kata-topo.v2"
       pod_annotations = ["kata-topo.io/*"]
 EOF
+  fi
   start_containerd || { setup_error="containerd did not come up: $(tail -n 3 "${results}/containerd.log")"; return 1; }
   local image
   for image in pause busybox; do
@@ -525,6 +555,12 @@ main() {
   say "kernel $(uname -r), $(nproc) CPUs, NUMA nodes $(cat /sys/devices/system/node/online)"
   uname -r -v > "${results}/kernel.txt"
   mkdir -p "${run}/bin" "${kubelet_root}"
+  # containerd from the workspace (the host's KT_K8S_CONTAINERD_BIN), else Debian's.
+  containerd_bin=$(cat "${results}/k8s/containerd-bin" 2> /dev/null || true)
+  if [ -n "${containerd_bin}" ]; then
+    containerd_bin=${ws}/${containerd_bin}
+    export PATH="${containerd_bin}:${PATH}"
+  fi
   if ! setup_mounts; then fail_rest "setup: mounting cgroup2, devpts, shm failed"; return 1; fi
   if ! setup_network; then fail_rest "setup: ${setup_error}"; return 1; fi
   if ! setup_vfio; then fail_rest "setup: ${setup_error}"; return 1; fi

@@ -10,12 +10,23 @@
 # (`restrict=on`): its second NIC (virtio-net) reaches nothing but 10.0.2.100:6443, which QEMU
 # forwards to the API server on this host's loopback.
 #
-# Needs KT_K8S_BIN (the directory of make k8s's binaries). Writes the cluster's credentials
+# Needs KT_K8S_BIN (the directory of make k8s's binaries). KT_K8S_CONTAINERD_BIN, a directory
+# of the workspace with containerd, ctr, containerd-shim-runc-v2 and runc, runs the guest's
+# containerd from there (containerd 2.x, configuration version 3) instead of Debian's. Writes the cluster's credentials
 # under target/k8s-test/pki (removed at the end) and the guest's under target/k8s-test/guest/k8s.
 # shellcheck disable=SC2034,SC2154 # the scenario_* variables, out, say and die are run.sh's
 set -euo pipefail
 
 k8s_bin=${KT_K8S_BIN:-}
+containerd_bin=""
+if [ -n "${KT_K8S_CONTAINERD_BIN:-}" ]; then
+  containerd_bin=$(realpath -e "${KT_K8S_CONTAINERD_BIN}") || die "KT_K8S_CONTAINERD_BIN: no ${KT_K8S_CONTAINERD_BIN}"
+  case "${containerd_bin}" in
+    "${workspace}"/*) containerd_bin=${containerd_bin#"${workspace}"/} ;;
+    *) die "KT_K8S_CONTAINERD_BIN must be inside the workspace (the guest sees only that): ${containerd_bin}" ;;
+  esac
+  [ -x "${workspace}/${containerd_bin}/containerd" ] || die "no containerd in ${KT_K8S_CONTAINERD_BIN}"
+fi
 if [ -z "${k8s_bin}" ] || [ ! -x "${k8s_bin}/kube-apiserver" ]; then
   die "KT_K8S_BIN names no directory with make k8s's binaries (make k8s-test sets it)"
 fi
@@ -147,6 +158,7 @@ scenario_up() {
   kubeconfig https://10.0.2.100:6443 "${admin_token}" "${pki}/ca.crt" > "${out}/guest/k8s/admin.kubeconfig"
   kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
   cp "${pki}/ca.crt" "${out}/guest/k8s/ca.crt"
+  printf '%s\n' "${containerd_bin}" > "${out}/guest/k8s/containerd-bin"
   "${k8s_bin}/etcd" --version > "${out}/guest/k8s/etcd.version" 2>&1 || true
   "${k8s_bin}/kube-apiserver" --version > "${out}/guest/k8s/kube-apiserver.version" 2>&1 || true
   say "etcd and kube-apiserver up on the host's loopback in $(($(date +%s) - started_up)) s"

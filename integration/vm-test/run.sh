@@ -33,7 +33,10 @@ case "${scenario}" in */* | .* | "") echo "run.sh: a scenario is a folder name u
 here=${workspace}/integration/${scenario}
 [ -f "${here}/guest.sh" ] || { echo "run.sh: no integration/${scenario}/guest.sh" >&2; exit 2; }
 vm=${workspace}/integration/vm-test
-out=${workspace}/target/${scenario}
+# KT_VM_OUT names the results folder under target/ (default: the scenario's name).
+out_name=${KT_VM_OUT:-${scenario}}
+case "${out_name}" in */* | .* | "") echo "run.sh: KT_VM_OUT is a folder name" >&2; exit 2 ;; esac
+out=${workspace}/target/${out_name}
 cache=${workspace}/target/vm-cache
 bins=${workspace}/target/debug
 images=${workspace}/target/kata-topo-images
@@ -300,7 +303,7 @@ fi
 # --- the report -------------------------------------------------------------------------------
 # Every step runs the same under TCG and KVM. What this guest cannot show under either: no VM
 # runs inside it (neither TCG nor this kind of host gives it nested virtualisation).
-not_covered="${scenario_not_covered:-Kata itself: the delegate is runc, so the VM view and its rules (vcpu-*, guest-numa-uncovered) are not exercised here (integration/tests/vm.rs covers them against a real QEMU); the Kubernetes side of vagrant/test.sh (kubectl, the node condition, node-exporter over HTTP) runs only in the Vagrant VM}"
+not_covered="${scenario_not_covered:-Kata itself: the delegate is runc, so the VM view and its rules (vcpu-*, guest-numa-uncovered) are not exercised here (integration/tests/vm.rs covers them against a real QEMU); the Kubernetes side (kubectl, the RuntimeClass, a resize through the resize subresource) runs with the real kubelet in make k8s-test; the node condition and node-exporter over HTTP run only in the Vagrant VM}"
 # Every step the guest defines; one it never reported failed with the reason.
 mapfile -t names < <(bash "${here}/guest.sh" --list-steps)
 steps=${out}/guest/steps.jsonl

@@ -95,6 +95,43 @@ mod tests {
         }
     }
 
+    /// The enforce pod of `make k8s-test`, as the real kubelet drove it
+    /// (`core/tests/fixtures/kubelet/`): its resize refused and retried dozens of times with
+    /// the cpuset in force pushed between tries, later its push onto node 1 refused and
+    /// retried. Two refusals, each announced once.
+    #[test]
+    fn the_real_kubelets_enforce_pod_is_announced_once_per_refusal() {
+        let recorded = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../core/tests/fixtures/kubelet/v1.36.3-containerd-1.6.20.jsonl"
+        ));
+        let a = Announcer::default();
+        let (mut requests, mut announced) = (0, Vec::new());
+        for line in recorded.lines() {
+            let line: serde_json::Value = serde_json::from_str(line).expect("json");
+            if line["task"] != "kt-enforce/app#1" || line["request"] != "update" {
+                continue;
+            }
+            let class = line["class"].as_str().expect("class");
+            let refused = line["decision"] == "reject";
+            let rules: &[&str] = match (refused, class) {
+                (false, _) => &[],
+                (true, "resize") => &["memory-exceeds-nodes"],
+                (true, _) => &["cpu-outside-intent"],
+            };
+            let v = verdict(Some(class), rules, if refused { "reject" } else { "allow" });
+            let times = line["repeated"].as_u64().unwrap_or(1);
+            for _ in 0..times {
+                requests += 1;
+                if a.should_announce("c1", &v) {
+                    announced.push(class.to_string());
+                }
+            }
+        }
+        assert!(requests > 50, "{requests}");
+        assert_eq!(announced, ["resize", "cpuset"]);
+    }
+
     #[test]
     fn a_clean_change_re_arms_the_task() {
         let a = Announcer::default();
