@@ -51,7 +51,12 @@ fn main() {
         .expect("kata-topo topology");
     print!("{}", String::from_utf8_lossy(&topo.stdout));
 
-    step("The kubelet admits pod ml/trainer-pod (single-numa-node, numa-nodes 1): CPU 1 and GPU /dev/vfio/42");
+    step(
+        "Pod ml/trainer-pod (single-numa-node, numa-nodes 1) starts on CPU 1 with GPU /dev/vfio/42",
+    );
+    println!(
+        "(kata-topo-cri plays the kubelet here, through CRI; make k8s-test runs the real one)"
+    );
     let mut cri = c.cri();
     let annotations = [
         ("kata-topo.io/policy", "single-numa-node"),
@@ -86,7 +91,7 @@ fn main() {
     cri.update(&id, &resized).expect("resize");
     show_findings(&c, &mut seen);
 
-    step("CPU-manager reconcile pushes cpuset 0 (node 0): the GPU's DMA now crosses sockets");
+    step("A CPU-manager push of cpuset 0 (node 0): the GPU's DMA now crosses sockets");
     let pushed = resized.on("0");
     cri.update(&id, &pushed).expect("audit mode forwards");
     println!("container {id} now runs on CPUs {}", cri.allowed_cpus(&id));
@@ -95,7 +100,7 @@ fn main() {
         println!("{reader}: {line}");
     }
 
-    step("The reconcile loop pushes the same cpuset 10 s later: not announced again");
+    step("The same cpuset pushed again, as the reconcile loop does: not announced again");
     cri.update(&id, &pushed).expect("repeat");
     show_findings(&c, &mut seen);
 
