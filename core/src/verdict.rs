@@ -99,7 +99,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
-    /// the severity table and the README's table are held complete against.
+    /// the severity table and the one in `docs/rules.md` are held complete against.
     pub const ALL: [Rule; 16] = [
         Self::CpuUnknown,
         Self::CpuSpansNuma,

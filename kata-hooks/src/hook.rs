@@ -33,7 +33,7 @@ const PUBLISH_BUDGET: Duration = Duration::from_secs(1);
 /// the spec, the topology, the VM view, the baselines): a read that blocks — a hung device's
 /// sysfs attribute, a FIFO, a runtime that never closes stdin — costs the container this wait
 /// and a `check-failed` finding naming the step, never its creation. Within the runtime's
-/// hook timeout (10 s in the README's example) with the publishing budget on top.
+/// hook timeout (10 s in `docs/hook.md`'s example) with the publishing budget on top.
 const CHECK_BUDGET: Duration = Duration::from_secs(3);
 
 /// The largest OCI state accepted on stdin.

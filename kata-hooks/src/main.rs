@@ -1,5 +1,5 @@
 //! `kata-topo-hook`: kata-topo's checks as an OCI hook, for hosts that cannot switch runtime
-//! handler. See the README ("The OCI hook") for installing it and what each hook point sees.
+//! handler. See `docs/hook.md` for installing it and what each hook point sees.
 
 #![forbid(unsafe_code)]
 

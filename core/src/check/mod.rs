@@ -2,7 +2,7 @@
 //! and the host as it is now, giving a [`Verdict`].
 //!
 //! - `severity.rs`, the severity policy: one table from rule × policy to severity, read through
-//!   [`severity()`]; the README's "Severity by policy" table is tested against it.
+//!   [`severity()`]; the "Severity by policy" table of `docs/rules.md` is tested against it.
 //! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
 //!   the allowed NUMA nodes and what says so, where the CPUs are, the devices), worked out once
 //!   before any rule runs.

@@ -1,6 +1,6 @@
 //! The severity policy: one table from rule × policy to severity, the only place that says how
-//! much a finding weighs. The README's "Severity by policy" table is tested against it, so the
-//! two cannot drift apart.
+//! much a finding weighs. The "Severity by policy" table of `docs/rules.md` is tested against it, so
+//! the two cannot drift apart.
 
 use crate::intent::Policy;
 use crate::verdict::{Rule, Severity};
@@ -235,7 +235,7 @@ mod tests {
         }
     }
 
-    /// A cell as the README writes it.
+    /// A cell as docs/rules.md writes it.
     fn cell(weight: Weight) -> &'static str {
         match weight {
             Weight::Off => "–",
@@ -245,7 +245,7 @@ mod tests {
         }
     }
 
-    /// The table as the README shows it: what to paste when the test below fails.
+    /// The table as docs/rules.md shows it: what to paste when the test below fails.
     fn markdown() -> String {
         let mut out = String::from(
             "| rule | none | best-effort | restricted | single-numa-node |\n\
@@ -263,16 +263,11 @@ mod tests {
         out
     }
 
-    /// The cells of the first table after "Severity by policy" in the README's "Intent, rules
-    /// and verdicts" section, row by row.
-    fn readme_table(readme: &str) -> Vec<Vec<&str>> {
-        let section = readme
-            .split("\n## ")
-            .find(|s| s.starts_with("Intent, rules and verdicts\n"))
-            .expect("the README has an \"Intent, rules and verdicts\" section");
-        let (_, after) = section
+    /// The cells of the first table after "Severity by policy" in `docs/rules.md`, row by row.
+    fn doc_table(doc: &str) -> Vec<Vec<&str>> {
+        let (_, after) = doc
             .split_once("\nSeverity by policy")
-            .expect("the section has a \"Severity by policy\" table");
+            .expect("docs/rules.md has a \"Severity by policy\" table");
         after
             .lines()
             .skip_while(|line| !line.starts_with('|'))
@@ -288,10 +283,10 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_shows_this_table() {
-        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
-        let paste = format!("the README's table should read:\n{}", markdown());
-        let rows = readme_table(readme);
+    fn docs_rules_shows_this_table() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/rules.md"));
+        let paste = format!("docs/rules.md's table should read:\n{}", markdown());
+        let rows = doc_table(doc);
         assert!(rows.len() > 2, "no table\n{paste}");
         let header = &rows[0];
         assert_eq!(header[0], "rule", "{paste}");
@@ -339,11 +334,11 @@ mod tests {
 
     #[test]
     fn the_generated_table_reads_back_as_the_table() {
-        let readme = format!(
-            "# x\n\n## Intent, rules and verdicts\n\nSeverity by policy:\n\n{}\nmore\n\n## Tests\n",
+        let doc = format!(
+            "# Intent, rules and verdicts\n\nSeverity by policy:\n\n{}\nmore\n\n## Tests\n",
             markdown()
         );
-        let rows = readme_table(&readme);
+        let rows = doc_table(&doc);
         assert_eq!(rows.len(), 2 + TABLE.len());
         for ((rules, weights), row) in TABLE.iter().zip(&rows[2..]) {
             let ids: Vec<String> = rules.iter().map(|r| format!("`{r}`")).collect();
