@@ -51,14 +51,23 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test \
+.PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test \
 	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
 
+# Prerequisites run in the order written: `deps` first, where a target names it.
+.NOTPARALLEL:
+
+# `$(TIMED) timed LABEL 'COMMAND'` runs COMMAND (a shell string), then prints
+# "== LABEL took N s" and returns COMMAND's status.
+TIMED := timed() { local label=$$1 start rc; start=$$(date +%s); eval "$$2"; rc=$$?; \
+	echo "== $$label took $$(( $$(date +%s) - start )) s"; return $$rc; };
+
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
+	@echo "make check  - the fast loop: fmt, clippy, unit tests (no root, no KVM, no apt, no containerd)"
 	@echo "              (integration: containerd 1.6, then 2.3.4 from $(CONTAINERD2_ARCHIVE))"
 	@echo "make integration CONTAINERD_BIN=DIR - the integration tests against another containerd"
 	@echo "make demo CONTAINERD_BIN=DIR / make demo-containerd2 - the demo on another containerd"
@@ -73,7 +82,10 @@ help:
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
-# Installs only what is missing, after one apt-get update.
+# Installs only what is missing, after one apt-get update; the only target that installs
+# packages. The entry points (test, demo, bench, soak, fuzz, demo-cli, install, integration,
+# vm-test, k8s-test, alerts-test) run it first, the targets they are made of do not, and
+# `make check` never does.
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
@@ -84,14 +96,14 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-build: deps
+build:
 	$(CARGO) build --workspace --locked
 
-lint: deps
+lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-build-all: deps
+build-all:
 	$(CARGO) build --workspace --locked --bins
 
 # Property tests (proptest) run TEST_CASES cases each here, FUZZ_CASES in `make fuzz`.
@@ -100,8 +112,13 @@ FUZZ_CASES ?= 100000
 # The sysfs property test builds a directory tree per case: a tmpfs keeps that fast.
 FUZZ_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,/tmp)
 
-unit: deps
+unit:
 	PROPTEST_CASES=$(TEST_CASES) $(CARGO) test --workspace --locked --exclude kata-topo-integration
+
+# The fast loop while changing the code: formatting, clippy and the unit tests. Needs no KVM,
+# no containerd and no package installed beyond what building needs; never runs apt.
+check:
+	@$(TIMED) timed "make check" '$(MAKE) --no-print-directory lint unit'
 
 # The unit tests again, release-built, with many more cases for every property test.
 fuzz: deps
@@ -112,20 +129,18 @@ fuzz: deps
 # Each leg prints how long it took. Without a cloud-hypervisor binary this stops and says how
 # to give one; with KT_CLOUD_HYPERVISOR=none it runs everything else and names the test it did
 # not run.
-integration: build-all $(if $(filter-out none,$(KT_CLOUD_HYPERVISOR)),vmlinux)
+integration: deps build-all $(if $(filter-out none,$(KT_CLOUD_HYPERVISOR)),vmlinux)
 ifeq ($(KT_CLOUD_HYPERVISOR),)
 	@echo "no cloud-hypervisor for the VM-view tests: set KT_CLOUD_HYPERVISOR=/path/to/cloud-hypervisor" \
 	  "(v51.0), or KT_CLOUD_HYPERVISOR=none to run the integration tests without them" >&2; exit 1
 endif
 ifeq ($(strip $(CONTAINERD_BIN)),)
 	@echo "== integration leg 1: Debian's $$(containerd --version | cut -d' ' -f2-3)"
-	@start=$$(date +%s); env -u KT_CONTAINERD_BIN $(INTEGRATION_TEST) && \
-	  echo "== integration leg 1 (containerd 1.6) took $$(( $$(date +%s) - start )) s"
-	@if [ -f "$(CONTAINERD2_ARCHIVE)" ]; then \
+	@$(TIMED) timed "integration leg 1 (containerd 1.6)" 'env -u KT_CONTAINERD_BIN $(INTEGRATION_TEST)'
+	@$(TIMED) if [ -f "$(CONTAINERD2_ARCHIVE)" ]; then \
 	  $(MAKE) --no-print-directory containerd2 && \
 	  echo "== integration leg 2: $$($(CONTAINERD2_BIN)/containerd --version | cut -d' ' -f2-3), $$($(CONTAINERD2_BIN)/runc --version | head -n 1)" && \
-	  start=$$(date +%s) && KT_CONTAINERD_BIN=$(CURDIR)/$(CONTAINERD2_BIN) $(INTEGRATION_TEST) && \
-	  echo "== integration leg 2 (containerd 2.3.4) took $$(( $$(date +%s) - start )) s"; \
+	  timed "integration leg 2 (containerd 2.3.4)" 'KT_CONTAINERD_BIN=$(CURDIR)/$(CONTAINERD2_BIN) $(INTEGRATION_TEST)'; \
 	else \
 	  echo "**********************************************************************************"; \
 	  echo "** SKIPPED: integration leg 2 (containerd 2.3.4 + runc 1.5.1): no archive at"; \
@@ -135,8 +150,7 @@ ifeq ($(strip $(CONTAINERD_BIN)),)
 	fi
 else
 	@echo "== integration against $(CONTAINERD_BIN): $$($(CONTAINERD_BIN)/containerd --version | cut -d' ' -f2-3)"
-	@start=$$(date +%s); KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(INTEGRATION_TEST) && \
-	  echo "== integration against $(CONTAINERD_BIN) took $$(( $$(date +%s) - start )) s"
+	@$(TIMED) timed "integration against $(CONTAINERD_BIN)" 'KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(INTEGRATION_TEST)'
 endif
 ifeq ($(KT_CLOUD_HYPERVISOR),none)
 	@echo "NOT RUN: vm::cloud_hypervisor (KT_CLOUD_HYPERVISOR=none: no cloud-hypervisor binary given)"
@@ -145,7 +159,7 @@ endif
 # containerd 2.3.4 + runc 1.5.1, unpacked from the archive under target/.
 containerd2: $(CONTAINERD2_BIN)/containerd
 
-$(CONTAINERD2_BIN)/containerd: $(CONTAINERD2_ARCHIVE) | deps
+$(CONTAINERD2_BIN)/containerd: $(CONTAINERD2_ARCHIVE)
 	@mkdir -p target
 	tar -xJf "$(CONTAINERD2_ARCHIVE)" -C target/
 	@touch "$@"
@@ -160,24 +174,24 @@ bootstrap-fixtures: build-all containerd2
 
 # Downloads Debian's linux-image-6.1 package (apt) once and keeps its ELF vmlinux in target/.
 vmlinux: $(VMLINUX)
-$(VMLINUX): integration/guest-kernel.sh | deps
+$(VMLINUX): integration/guest-kernel.sh
 	bash integration/guest-kernel.sh $@
 
 # A QEMU guest with two NUMA nodes, a vIOMMU and a NIC bound to vfio-pci: containerd, the
 # wrapper on the live topology, the Vagrant scenario. Report: target/vm-test/report.json.
-vm-test: build-all
+vm-test: deps build-all
 	bash integration/vm-test/run.sh
 
 # Kubernetes from source (k8s/): kubelet, kube-apiserver, kubectl at the version k8s/go.mod
 # pins and a one-member etcd, built with the local Go toolchain into a cache outside the tree
 # (KT_K8S_CACHE, default ~/.cache/kata-topo/k8s); a second run builds nothing.
 k8s:
-	@start=$$(date +%s); bash k8s/build.sh > /dev/null && echo "== make k8s took $$(( $$(date +%s) - start )) s"
+	@$(TIMED) timed "make k8s" 'bash k8s/build.sh > /dev/null'
 
 # promtool (tools/promtool/): the github.com/prometheus/prometheus version tools/promtool/go.mod
 # pins, built like make k8s into KT_PROMTOOL_CACHE (default ~/.cache/kata-topo/promtool).
 promtool:
-	@start=$$(date +%s); bash tools/promtool/build.sh > /dev/null && echo "== make promtool took $$(( $$(date +%s) - start )) s"
+	@$(TIMED) timed "make promtool" 'bash tools/promtool/build.sh > /dev/null'
 
 # The alerts and the dashboard (deploy/prometheus/, deploy/grafana/): promtool check rules on
 # every rules file, promtool test rules, the PrometheusRule against the plain file, and every
@@ -190,14 +204,13 @@ alerts-test: deps
 # containerd with the wrapper; etcd and kube-apiserver on this host. Two legs: Debian's
 # containerd 1.6 (report target/k8s-test/report.json), then containerd 2.3.4 with runc 1.5.1
 # from its archive (target/k8s-test-containerd2/report.json); the last line counts both.
-k8s-test: build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2)
-	@start=$$(date +%s); bins=$$(bash k8s/build.sh 2> /dev/null | tail -n 1); rc=0; passed=0; total=0; \
+k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2)
+	@$(TIMED) start=$$(date +%s); bins=$$(bash k8s/build.sh 2> /dev/null | tail -n 1); rc=0; passed=0; total=0; \
 	legs="k8s-test:"; [ -x $(CONTAINERD2_BIN)/containerd ] && legs="$$legs k8s-test-containerd2:$(CONTAINERD2_BIN)"; \
 	for leg in $$legs; do \
-	  name=$${leg%%:*}; cbin=$${leg#*:}; leg_start=$$(date +%s); \
-	  KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-840} \
-	    bash integration/vm-test/run.sh k8s-test || rc=1; \
-	  echo "== $$name took $$(( $$(date +%s) - leg_start )) s"; \
+	  name=$${leg%%:*}; cbin=$${leg#*:}; \
+	  timed "$$name" "KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-840} \
+	    bash integration/vm-test/run.sh k8s-test" || rc=1; \
 	  passed=$$(( passed + $$(jq -r '.passed // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
 	  total=$$(( total + $$(jq -r '.total // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
 	done; \
@@ -205,7 +218,8 @@ k8s-test: build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2)
 	echo "== make k8s-test took $$(( $$(date +%s) - start )) s"; \
 	echo "k8s-test: $$passed/$$total steps pass"; [ $$rc = 0 ] && [ $$passed = $$total ] && [ $$total -gt 0 ]
 
-test: lint alerts-test unit integration vm-test k8s-test
+# deps once, then each leg in this order.
+test: deps lint alerts-test unit integration vm-test k8s-test
 
 # The wrapper benchmark runs once per containerd the integration tests use: Debian's, then
 # containerd 2.3.4 from its archive (when it is there), then each directory of
@@ -222,7 +236,7 @@ bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	    $(CARGO) bench -p kata-topo-integration --locked --bench shim || exit 1; \
 	done
 
-demo: build-all
+demo: deps build-all
 ifeq ($(strip $(CONTAINERD_BIN)),)
 	@env -u KT_CONTAINERD_BIN $(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
 else
@@ -235,19 +249,19 @@ demo-containerd2: containerd2
 
 # Many updates through the wrapper in parallel; prints the daemons' RSS, threads and fds after
 # a warm-up and at the end, and what the sinks dropped (SOAK_PODS, SOAK_UPDATES per pod).
-soak: build-release
+soak: deps build-release
 	KATA_TOPO_BIN_DIR=$(CURDIR)/target/release $(CARGO) bench -p kata-topo-integration --locked --bench soak
 
 # The CLI alone on the bundled scenario (no containerd needed).
-demo-cli: build
+demo-cli: deps build
 	@bash scenario/demo.sh
 
-build-release: deps
+build-release:
 	$(CARGO) build --release --workspace --locked --bins
 
 # Binaries where containerd finds the shim (its PATH), the Kata configuration where Kata's
 # configurations live, and the deploy/ files under $(SHARE_DIR).
-install: $(if $(filter release,$(PROFILE)),build-release)
+install: $(if $(filter release,$(PROFILE)),deps build-release)
 	install -d $(DESTDIR)$(PREFIX)/bin
 	for b in $(BINARIES); do install -m 0755 target/$(PROFILE)/$$b $(DESTDIR)$(PREFIX)/bin/$$b; done
 	install -d $(DESTDIR)$(KATA_CONFIG_DIR)
