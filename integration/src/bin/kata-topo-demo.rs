@@ -3,13 +3,32 @@
 //! through with VFIO on node 1, a pod run through CRI — and what an operator sees when in-place
 //! updates move it across NUMA nodes.
 
+use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
 use kata_topo_integration::{bin_dir, workspace, Containerd, ContainerdBin, Guard, Res};
 
+/// Bold headings only on a terminal, and not when `NO_COLOR` is set to anything but the
+/// empty string (no-color.org): a log or a pipe gets plain text.
+fn bold(is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+fn heading(title: &str, bold: bool) -> String {
+    if bold {
+        format!("\n\x1b[1m== {title}\x1b[0m")
+    } else {
+        format!("\n== {title}")
+    }
+}
+
 fn step(title: &str) {
-    println!("\n\x1b[1m== {title}\x1b[0m");
+    let bold = bold(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
+    println!("{}", heading(title, bold));
 }
 
 fn show_findings(c: &Containerd, seen: &mut usize) {
@@ -154,5 +173,21 @@ fn main() {
         println!("nothing left behind");
     } else {
         println!("left behind: {left:#?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bold, heading};
+
+    #[test]
+    fn escape_codes_only_on_a_terminal_without_no_color() {
+        assert!(bold(true, None));
+        assert!(bold(true, Some("".into())));
+        assert!(!bold(true, Some("1".into())));
+        assert!(!bold(false, None));
+        assert_eq!(heading("pod", false), "\n== pod");
+        assert!(!heading("pod", false).contains('\x1b'));
+        assert_eq!(heading("pod", true), "\n\x1b[1m== pod\x1b[0m");
     }
 }
