@@ -451,3 +451,33 @@ fn the_vmm_child_of_a_shim_is_found() {
         "{human}"
     );
 }
+
+/// The wrapper's own observation, against a real QEMU without thread names: after the delegate
+/// accepted a container's create, the VMM whose pid the reply carried is read again and what
+/// its vCPU threads really do is reported.
+#[test]
+fn the_wrapper_observes_the_vm_after_a_create() {
+    // Under KVM without thread names, as Kata starts it with the shipped configuration.
+    let q = Qemu::start(QemuOpts {
+        kvm: true,
+        debug_threads: false,
+        guest: Guest::Halted,
+        under_parent: false,
+    });
+    q.pin(0, "0");
+    q.pin(1, "0");
+    let p = kata_topo_shim::testing::pod("audit");
+    p.create_with_pid(q.pid());
+    let found = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        p.lines().iter().any(|l| l["rule"] == "vcpu-overlap")
+    });
+    let lines = p.lines();
+    assert!(found, "{lines:#?}");
+    let drift = lines
+        .iter()
+        .find(|l| l["rule"] == "vcpu-affinity-drift")
+        .expect("vCPUs on node 0, the pod on node 1");
+    assert_eq!(drift["operation"], "update");
+    assert_eq!(drift["decision"], "allow");
+}

@@ -1,7 +1,8 @@
 //! The wrapper shim: containerd's command line, the `start` and `delete` actions, the per-pod
 //! daemon with its frame-level ttrpc proxy, and the checks it runs. The binary
 //! `containerd-shim-kata-topo-v2` is a thin `main` over [`real_main`]; nothing else depends on
-//! this crate (the hook and the CLI share the core and the sinks library instead).
+//! this crate but the integration tests, through the feature `testing` (the hook and the CLI
+//! share the core and the sinks library instead).
 
 mod args;
 mod checks;
@@ -16,3 +17,11 @@ use kata_topo_core::state;
 use kata_topo_sinks::ttrpc;
 
 pub use run::real_main;
+
+/// A pod's checks over the scenario's simulated host, for the integration tests that observe a
+/// real VMM (feature `testing`; not part of the product).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::checks::testing::{pod, Pod};
+}

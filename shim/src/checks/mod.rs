@@ -638,7 +638,8 @@ fn is_observed(rule: Rule) -> bool {
     matches!(rule, Rule::VcpuAffinityDrift | Rule::VcpuOverlap)
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

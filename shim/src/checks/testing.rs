@@ -14,10 +14,18 @@ use super::{Outcome, PodChecks, Sinks};
 
 /// A pod's checks over the scenario's two-node host and a GPU on node 1 in VFIO group 42,
 /// logging to a file in a temporary directory.
-pub(crate) struct Pod {
+pub struct Pod {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) log: Log,
     pub(crate) checks: Arc<PodChecks>,
+}
+
+impl std::fmt::Debug for Pod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pod")
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
 }
 
 pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod {
@@ -98,12 +106,14 @@ pub(crate) fn pod_configured(
     Pod { dir, log, checks }
 }
 
-pub(crate) fn pod(mode: &str) -> Pod {
+/// [`pod_with`] in `mode` (`audit`, `enforce`), its topology loaded.
+pub fn pod(mode: &str) -> Pod {
     pod_with(mode, None, true)
 }
 
 impl Pod {
-    pub(crate) fn lines(&self) -> Vec<serde_json::Value> {
+    /// The log's lines so far, each parsed.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
         assert!(self.log.flush(Instant::now() + Duration::from_secs(10)));
         std::fs::read_to_string(self.dir.path().join("kt.log"))
             .unwrap_or_default()
@@ -130,8 +140,14 @@ impl Pod {
     }
 
     pub(crate) fn create(&self) {
+        self.create_with_pid(7);
+    }
+
+    /// The container `c1` created and accepted by the delegate, whose reply carried `pid` (the
+    /// VMM's, with Kata's Go runtime).
+    pub fn create_with_pid(&self, pid: u32) {
         match self.checks.on_create("c1", &self.dir.path().join("bundle")) {
-            Outcome::Forward(Some(accept)) => self.checks.commit(accept, Some(7)),
+            Outcome::Forward(Some(accept)) => self.checks.commit(accept, Some(pid)),
             other => panic!("create: {other:?}"),
         }
     }

@@ -173,40 +173,6 @@ fn vm_looks_are_coalesced_per_task() {
     assert!(p.checks.observer.pending() <= 1);
 }
 
-/// The wrapper's own observation, against a real QEMU without thread names: after the delegate accepted a
-/// container's create, the VMM whose pid the reply carried is read again and what its vCPU
-/// threads really do is reported.
-#[test]
-fn the_vm_is_observed_after_a_create() {
-    use kata_topo_integration::{Guest, Qemu, QemuOpts};
-    // Under KVM without thread names, as Kata starts it with the shipped configuration.
-    let q = Qemu::start(QemuOpts {
-        kvm: true,
-        debug_threads: false,
-        guest: Guest::Halted,
-        under_parent: false,
-    });
-    q.pin(0, "0");
-    q.pin(1, "0");
-    let p = pod("audit");
-    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
-        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(q.pid())),
-        other => panic!("create: {other:?}"),
-    }
-    let found = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(100));
-        p.lines().iter().any(|l| l["rule"] == "vcpu-overlap")
-    });
-    let lines = p.lines();
-    assert!(found, "{lines:#?}");
-    let drift = lines
-        .iter()
-        .find(|l| l["rule"] == "vcpu-affinity-drift")
-        .expect("vCPUs on node 0, the pod on node 1");
-    assert_eq!(drift["operation"], "update");
-    assert_eq!(drift["decision"], "allow");
-}
-
 /// What the VM view finds after the delegate applied a request goes where every other verdict
 /// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
 /// custom plugin) beside the verdict of the request itself, which it does not replace.
