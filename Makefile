@@ -67,7 +67,7 @@ TIMED := timed() { local label=$$1 start rc; start=$$(date +%s); eval "$$2"; rc=
 help:
 	@echo "make demo   - build and show kata-topo on the bundled scenario"
 	@echo "make test   - install what is missing, then lint and run every test"
-	@echo "make check  - the fast loop: fmt, clippy, unit tests (no root, no KVM, no apt, no containerd)"
+	@echo "make check  - the fast loop: fmt, clippy, the unit tests (no KVM, no apt, no containerd)"
 	@echo "              (integration: containerd 1.6, then 2.3.4 from $(CONTAINERD2_ARCHIVE))"
 	@echo "make integration CONTAINERD_BIN=DIR - the integration tests against another containerd"
 	@echo "make demo CONTAINERD_BIN=DIR / make demo-containerd2 - the demo on another containerd"
