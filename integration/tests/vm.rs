@@ -467,6 +467,8 @@ fn the_wrapper_observes_the_vm_after_a_create() {
     q.pin(0, "0");
     q.pin(1, "0");
     let p = kata_topo_shim::testing::pod("audit");
+    // This process started the VMM: it stands for the delegate.
+    p.delegate_is(std::process::id());
     p.create_with_pid(q.pid());
     let found = (0..100).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -480,4 +482,33 @@ fn the_wrapper_observes_the_vm_after_a_create() {
         .expect("vCPUs on node 0, the pod on node 1");
     assert_eq!(drift["operation"], "update");
     assert_eq!(drift["decision"], "allow");
+}
+
+/// A VMM the delegate did not start and whose cgroup names no part of the sandbox (another
+/// sandbox's, or an impostor's) is not this sandbox's: the wrapper raises nothing against it.
+#[test]
+fn the_wrapper_never_observes_a_vmm_its_delegate_did_not_start() {
+    let q = Qemu::start(QemuOpts {
+        kvm: true,
+        debug_threads: false,
+        guest: Guest::Halted,
+        under_parent: false,
+    });
+    q.pin(0, "0");
+    q.pin(1, "0");
+    // The delegate is another process: the VMM is not among its descendants.
+    let mut other = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let p = kata_topo_shim::testing::pod("audit");
+    p.delegate_is(other.id());
+    p.create_with_pid(q.pid());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let lines = p.lines();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l["rule"].as_str().is_some_and(|r| r.starts_with("vcpu-"))),
+        "{lines:#?}"
+    );
 }

@@ -23,7 +23,7 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_core::process::ProcessId;
 use kata_topo_core::request::ContainerKind;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
-use kata_topo_core::vm::{VmReader, VmView};
+use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
     Rule, Sysfs, UpdateClass, Verdict,
@@ -122,6 +122,9 @@ pub(crate) struct PodChecks {
     announcer: Announcer,
     observer: Observer,
     sinks: Sinks,
+    /// The delegate's pid, once it reported it: a VMM of this sandbox descends from it or
+    /// sits in a cgroup naming the sandbox.
+    delegate_pid: std::sync::OnceLock<u32>,
 }
 
 impl PodChecks {
@@ -175,6 +178,7 @@ impl PodChecks {
             sinks,
             config,
             kata,
+            delegate_pid: std::sync::OnceLock::new(),
         });
         Observer::start(
             Arc::downgrade(&checks),
@@ -396,7 +400,7 @@ impl PodChecks {
             .pid
             .filter(|_| kata.enable_vcpus_pinning && kata.static_sandbox_resource_mgmt)
             .and_then(|pid| {
-                VmReader::new(&self.config.procfs_root)
+                self.vm_reader(&kata)
                     .with_sampling(1, Duration::ZERO)
                     .read(pid)
                     .ok()
@@ -532,20 +536,20 @@ impl PodChecks {
     /// threads really do (`vcpu-affinity-drift`, `vcpu-overlap`) as an `update` verdict. A pid
     /// that is not a VMM (runc) is left alone. Runs on the timer thread.
     fn observe(&self, task_id: &str, pid: u32) {
-        let Ok(view) = VmView::read(&self.config.procfs_root, pid) else {
-            return;
-        };
-        if !view.is_vmm() {
-            return;
-        }
         let Some(record) = self.store.task(task_id) else {
             return;
         };
         let Ok(spec) = self.specs.get(&record.bundle) else {
             return;
         };
-        let started = Instant::now();
         let kata = self.kata.with_annotations(&spec.annotations);
+        let Ok(view) = self.vm_reader(&kata).read(pid) else {
+            return;
+        };
+        if !view.is_vmm() {
+            return;
+        }
+        let started = Instant::now();
         let current = record
             .resources
             .clone()
@@ -590,9 +594,24 @@ impl PodChecks {
         self.deliver(VerdictOf::Pod, &v, Duration::ZERO);
     }
 
+    /// What reads this sandbox's VMM: a process is taken for it only when it is root's, runs
+    /// the configured hypervisor (Kata's `[hypervisor.*] path`, when there is one) and
+    /// belongs to this sandbox — a cgroup naming it, or the delegate among its ancestors.
+    fn vm_reader(&self, kata: &KataConfig) -> VmReader {
+        VmReader::new(&self.config.procfs_root).with_identity(Identity {
+            hypervisor: kata.hypervisor_path.clone(),
+            sandbox_id: Some(self.group.clone()),
+            shim_pid: self.delegate_pid.get().copied(),
+            ..Identity::default()
+        })
+    }
+
     /// Records who serves the pod: this daemon, and the delegate (its pid as the delegate
     /// reported it, when it did).
     pub(crate) fn record_daemon(&self, delegate_address: &str, delegate_pid: Option<u32>) {
+        if let Some(pid) = delegate_pid {
+            let _ = self.delegate_pid.set(pid);
+        }
         let procfs = &self.config.procfs_root;
         let Some(wrapper) = ProcessId::current(procfs) else {
             return;

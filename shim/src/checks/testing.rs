@@ -143,6 +143,12 @@ impl Pod {
         self.create_with_pid(7);
     }
 
+    /// The delegate reported its pid (its `Connect` reply's `shim_pid`).
+    pub fn delegate_is(&self, pid: u32) {
+        self.checks
+            .record_daemon("unix:///run/test/delegate.sock", Some(pid));
+    }
+
     /// The container `c1` created and accepted by the delegate, whose reply carried `pid` (the
     /// VMM's, with Kata's Go runtime).
     pub fn create_with_pid(&self, pid: u32) {

@@ -179,15 +179,26 @@ fn vm_looks_are_coalesced_per_task() {
 #[test]
 fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
     // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
-    let procfs = concat!(
+    // Daemonized as Kata starts it (its parent is init): it is the sandbox's by its cgroup,
+    // which Kata names after the sandbox (the recording has none: it is added here).
+    let recorded = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../core/tests/fixtures/vmm/qemu-kvm/proc"
     );
+    let tree = tempfile::tempdir().expect("tempdir");
+    let copied = std::process::Command::new("cp")
+        .args(["-a", recorded])
+        .arg(tree.path())
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let procfs = tree.path().join("proc");
+    std::fs::write(procfs.join("17832/cgroup"), "0::/kata_overhead/sb1\n").expect("cgroup");
     let p = pod_configured(
         "audit",
         None,
         true,
-        &format!("procfs_root = \"{procfs}\"\n"),
+        &format!("procfs_root = \"{}\"\n", procfs.display()),
         true,
     );
     match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
