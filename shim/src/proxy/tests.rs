@@ -358,8 +358,11 @@ proptest! {
     /// the input, and answers or forwards every request exactly once.
     #[test]
     fn any_stream_is_forwarded_or_answered_exactly_once((input, garbage) in frames()) {
-        let p = pod("audit");
-        let w = wire(&p, TASK_V2);
+        // One pod for every case, as one daemon serves every connection: a pod per case
+        // would keep its writer threads for the whole run (100,000 cases in `make fuzz`).
+        static POD: std::sync::OnceLock<Pod> = std::sync::OnceLock::new();
+        let p = POD.get_or_init(|| pod("audit"));
+        let w = wire(p, TASK_V2);
         let mut bytes: Vec<u8> = input.iter().flat_map(Frame::encode).collect();
         bytes.extend_from_slice(&garbage);
         {
