@@ -45,7 +45,7 @@ pub struct ChoiceError {
     pub expected: &'static str,
 }
 
-fn choice_error(value: &str, expected: &'static str) -> ChoiceError {
+pub(crate) fn choice_error(value: &str, expected: &'static str) -> ChoiceError {
     ChoiceError {
         value: value.chars().take(64).collect(),
         expected,
