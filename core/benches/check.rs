@@ -76,6 +76,7 @@ fn bench_check(
         overrides: Overrides::default(),
         kata: None,
         vm: None,
+        kubelet: None,
     };
     assert!(
         !checker.check(&request).findings.is_empty(),

@@ -21,8 +21,95 @@
 mod client;
 mod grpc;
 
+use std::path::Path;
+
+use kata_topo_core::kubelet::{
+    kubelet_id, kubelet_ids, ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView,
+    MemoryAdmission, PodAdmission,
+};
+use kata_topo_core::IdSet;
+
 pub use client::{PodResourcesClient, DEFAULT_SOCKET};
 pub use grpc::MAX_MESSAGE_BYTES;
+
+/// Asks the kubelet what it admitted for pod `namespace/name` (PodResources `Get`; the API
+/// carries no uid, so namespace and name identify the pod) and reads the node's kubelet
+/// settings from `kubelet_config`. Never waits longer than the client's deadline for the
+/// kubelet; anything that goes wrong is a [`KubeletView::Unavailable`] saying why.
+pub fn ask(
+    client: &PodResourcesClient,
+    kubelet_config: &Path,
+    namespace: &str,
+    name: &str,
+) -> KubeletView {
+    let unavailable = |reason: String| KubeletView::Unavailable { reason };
+    let settings = match KubeletSettings::read(kubelet_config) {
+        Ok(s) => s,
+        Err(e) => return unavailable(kata_topo_core::text::error_chain(&e)),
+    };
+    match client.get(namespace, name).and_then(|p| admission(&p)) {
+        Ok(pod) if pod.namespace == namespace && pod.name == name => {
+            KubeletView::Admitted { pod, settings }
+        }
+        Ok(pod) => unavailable(format!(
+            "the kubelet answered for pod {}/{} when asked for {namespace}/{name}",
+            pod.namespace, pod.name
+        )),
+        Err(e) => unavailable(e.to_string()),
+    }
+}
+
+/// The kubelet's `PodResources` as kata-topo's domain type; ids no CPU or node can have are
+/// garbage.
+pub fn admission(pod: &v1::PodResources) -> Result<PodAdmission, KubeletError> {
+    let garbage = |what: &str, e: String| KubeletError::Garbage(format!("{what}: {e}"));
+    let topology = |t: &Option<v1::TopologyInfo>| -> Result<IdSet, String> {
+        t.iter()
+            .flat_map(|t| &t.nodes)
+            .map(|n| kubelet_id(n.id))
+            .collect()
+    };
+    let containers = pod
+        .containers
+        .iter()
+        .map(|c| {
+            Ok(ContainerAdmission {
+                name: c.name.clone(),
+                cpu_ids: kubelet_ids(c.cpu_ids.iter().copied())
+                    .map_err(|e| garbage("cpu_ids", e))?,
+                memory: c
+                    .memory
+                    .iter()
+                    .map(|m| {
+                        Ok(MemoryAdmission {
+                            memory_type: m.memory_type.clone(),
+                            size: m.size,
+                            numa_nodes: topology(&m.topology)
+                                .map_err(|e| garbage("memory topology", e))?,
+                        })
+                    })
+                    .collect::<Result<_, KubeletError>>()?,
+                devices: c
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        Ok(DeviceAdmission {
+                            resource_name: d.resource_name.clone(),
+                            device_ids: d.device_ids.clone(),
+                            numa_nodes: topology(&d.topology)
+                                .map_err(|e| garbage("device topology", e))?,
+                        })
+                    })
+                    .collect::<Result<_, KubeletError>>()?,
+            })
+        })
+        .collect::<Result<_, KubeletError>>()?;
+    Ok(PodAdmission {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        containers,
+    })
+}
 
 /// The PodResources API v1 messages (`v1.ListPodResourcesResponse`, `v1.PodResources`, ...),
 /// generated at build time from the vendored `api.proto`.
@@ -84,8 +171,68 @@ impl KubeletError {
 
 #[cfg(test)]
 mod tests {
-    use super::v1;
+    use super::*;
+    use proptest::prelude::*;
     use prost::Message;
+
+    proptest! {
+        /// Whatever bytes the socket gives, decoding and converting them never panics.
+        #[test]
+        fn decoding_any_answer_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(r) = v1::GetPodResourcesResponse::decode(&bytes[..]) {
+                if let Some(p) = r.pod_resources {
+                    let _ = admission(&p);
+                }
+            }
+            if let Ok(l) = v1::ListPodResourcesResponse::decode(&bytes[..]) {
+                for p in &l.pod_resources {
+                    let _ = admission(p);
+                }
+            }
+        }
+
+        /// Any answer with ids a host can have converts, and keeps every id.
+        #[test]
+        fn valid_ids_convert(cpus in proptest::collection::vec(0i64..4096, 0..16), node in 0i64..64) {
+            let pod = v1::PodResources {
+                name: "p".into(),
+                namespace: "ns".into(),
+                containers: vec![v1::ContainerResources {
+                    name: "c".into(),
+                    cpu_ids: cpus.clone(),
+                    devices: vec![v1::ContainerDevices {
+                        resource_name: "r".into(),
+                        device_ids: vec!["0000:81:00.0".into()],
+                        topology: Some(v1::TopologyInfo { nodes: vec![v1::NumaNode { id: node }] }),
+                    }],
+                    ..Default::default()
+                }],
+            };
+            let encoded = pod.encode_to_vec();
+            let decoded = v1::PodResources::decode(&encoded[..]).expect("decodes");
+            let a = admission(&decoded).expect("converts");
+            let want: Vec<u32> = {
+                let mut v: Vec<u32> = cpus.iter().map(|&c| c as u32).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            prop_assert_eq!(a.containers[0].cpu_ids.to_vec(), want);
+            prop_assert_eq!(a.containers[0].device_nodes().to_vec(), vec![node as u32]);
+        }
+    }
+
+    #[test]
+    fn ids_no_host_has_are_garbage() {
+        let pod = v1::PodResources {
+            containers: vec![v1::ContainerResources {
+                cpu_ids: vec![-1],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(admission(&pod).map_err(|e| e.kind()), Err("garbage"));
+    }
 
     #[test]
     fn the_messages_round_trip_with_the_kubelet_field_numbers() {

@@ -156,6 +156,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         overrides: Overrides::default(),
         kata: kata.as_ref(),
         vm: view.as_ref(),
+        kubelet: None,
     });
     if args.json {
         out::json(&serde_json::to_string_pretty(&verdict)?)?;

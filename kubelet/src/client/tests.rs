@@ -273,3 +273,41 @@ fn refuses_what_is_not_the_owners_socket() {
     assert!(!missing.socket_exists());
     assert_eq!(missing.get("default", "p"), Err(KubeletError::Missing));
 }
+
+#[test]
+fn asking_gives_the_admission_or_why_not() {
+    use kata_topo_core::kubelet::{KubeletView, TopologyScope};
+    let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
+    let config = kubelet.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
+    )
+    .expect("config");
+    let client = kubelet.client(TIMEOUT);
+    match crate::ask(&client, &config, "default", "guaranteed") {
+        KubeletView::Admitted { pod, settings } => {
+            assert_eq!(settings.topology_manager_scope, TopologyScope::Pod);
+            let app = pod.container("app").expect("app");
+            assert_eq!(app.cpu_ids.to_string(), "1");
+            assert_eq!(app.memory_nodes().to_string(), "1");
+            assert_eq!(app.devices[0].numa_nodes.to_string(), "1");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The answer is for another pod than asked: not used.
+    assert!(matches!(
+        crate::ask(&client, &config, "default", "other"),
+        KubeletView::Unavailable { reason } if reason.contains("default/guaranteed")
+    ));
+    // Without the kubelet's configuration, no policy to apply: unavailable, saying so.
+    assert!(matches!(
+        crate::ask(&client, &kubelet.dir.path().join("none.yaml"), "default", "guaranteed"),
+        KubeletView::Unavailable { reason } if reason.contains("configuration")
+    ));
+    let hung = FakeKubelet::start(Behaviour::Hung);
+    assert!(matches!(
+        crate::ask(&hung.client(TIMEOUT), &config, "default", "guaranteed"),
+        KubeletView::Unavailable { reason } if reason.contains("did not answer within 300 ms")
+    ));
+}

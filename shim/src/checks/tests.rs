@@ -367,3 +367,76 @@ fn a_pod_annotation_cannot_switch_the_nodes_enforcement_off() {
         );
     }
 }
+
+/// A kubelet that accepts and never answers costs a create and a resize the deadline and no
+/// more; each is checked against the annotations, with a `kubelet-intent-unavailable` warning
+/// saying why, and a cpuset push does not ask again.
+#[test]
+fn a_hung_kubelet_costs_the_deadline_and_a_warning() {
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let socket = sockets.path().join("kubelet.sock");
+    // Listening, never accepting: connections wait in the backlog, no answer comes.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let kubelet_config = sockets.path().join("config.yaml");
+    std::fs::write(&kubelet_config, "topologyManagerPolicy: restricted\n").expect("config");
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!(
+            "intent_source = \"kubelet\"\nkubelet_pod_resources_socket = \"{}\"\n\
+             kubelet_config = \"{}\"\nkubelet_timeout_ms = 100\n",
+            socket.display(),
+            kubelet_config.display()
+        ),
+        false,
+    );
+    let root = nix::unistd::geteuid().is_root();
+    let why = if root {
+        "did not answer within 100 ms"
+    } else {
+        "not trusted"
+    };
+    let started = Instant::now();
+    p.create();
+    let create = started.elapsed();
+    let resize = r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#;
+    let started = Instant::now();
+    assert!(matches!(p.update(resize), Outcome::Forward(_)));
+    let update = started.elapsed();
+    for took in [create, update] {
+        assert!(took < Duration::from_millis(600), "{took:?}");
+    }
+    if root {
+        assert!(create >= Duration::from_millis(100), "{create:?}");
+    }
+    // The CPU manager's push: only the cpuset changes (to node 0, across the pod's intent).
+    let started = Instant::now();
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"0"}}"#),
+        Outcome::Forward(_)
+    ));
+    let push = started.elapsed();
+    let lines = p.lines();
+    let unavailable: Vec<_> = lines
+        .iter()
+        .filter(|l| l["rule"] == "kubelet-intent-unavailable")
+        .collect();
+    assert!(!unavailable.is_empty(), "{lines:#?}");
+    for l in &unavailable {
+        assert_eq!(l["severity"], "warning");
+        assert_eq!(l["intent_source"], "annotations");
+        assert!(l["msg"].as_str().is_some_and(|m| m.contains(why)), "{l}");
+    }
+    // The cross-node push is still caught, against the pod's annotation.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["rule"] == "cpu-outside-intent" && l["intent_source"] == "annotations"),
+        "{lines:#?}"
+    );
+    if root {
+        // The push asked nothing: no deadline spent on it.
+        assert!(push < Duration::from_millis(100), "{push:?}");
+    }
+}
