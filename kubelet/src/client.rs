@@ -2,7 +2,8 @@
 //! hard deadline or not at all.
 //!
 //! Before connecting, the socket path is looked at without following a link: a symbolic link,
-//! anything but a socket, or a socket another user owns is refused with the reason. Once
+//! anything but a socket, or a socket another user owns (not root, on a node, where kata-topo
+//! runs as root as the kubelet does) is refused with the reason. Once
 //! connected, the peer's credentials are checked against the same owner, so a socket swapped
 //! between the look and the connect is refused too.
 //!
@@ -35,18 +36,19 @@ pub struct PodResourcesClient {
 }
 
 impl PodResourcesClient {
-    /// A client of the socket at `socket`, each call bounded by `timeout`; the socket must be
-    /// root's.
+    /// A client of the socket at `socket`, each call bounded by `timeout`; the socket, and
+    /// the process answering on it, must be of the user this process runs as: root, for the
+    /// wrapper, the hook and the CLI on a node, as the kubelet is.
     pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
         Self {
             socket: socket.into(),
             timeout,
-            owner: Some(0),
+            owner: Some(rustix::process::geteuid().as_raw()),
         }
     }
 
-    /// Trusts a socket (and a peer) of user `uid` instead of root's, or of anyone with `None`
-    /// (tests and fixtures run as another user).
+    /// Trusts a socket (and a peer) of user `uid` instead of this process's user's, or of
+    /// anyone with `None`.
     pub fn with_owner(mut self, uid: Option<u32>) -> Self {
         self.owner = uid;
         self

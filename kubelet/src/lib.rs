@@ -19,6 +19,8 @@
 #![forbid(unsafe_code)]
 
 mod client;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 mod grpc;
 
 use std::path::Path;

@@ -2,51 +2,17 @@
 //! answers (at once, or late), one that accepts and never answers, one that closes, one that
 //! speaks garbage, one that answers with a gRPC error.
 
-use std::io::Write;
-use std::os::unix::net::UnixListener;
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Response};
 use prost::Message;
 
 use super::*;
-
-/// What the fake kubelet does with each connection.
-#[derive(Debug, Clone)]
-enum Behaviour {
-    /// Answers every call with this message after this delay.
-    Answer(Vec<u8>, Duration),
-    /// Answers with a gRPC error (trailers only).
-    Status(u32, &'static str),
-    /// Accepts and never reads or writes.
-    Hung,
-    /// Accepts and closes at once.
-    Close,
-    /// Writes bytes that are not HTTP/2.
-    Garbage,
-}
-
-struct FakeKubelet {
-    dir: tempfile::TempDir,
-}
+use crate::fake::{Behaviour, FakeKubelet};
 
 impl FakeKubelet {
-    fn start(behaviour: Behaviour) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let listener = UnixListener::bind(dir.path().join("kubelet.sock")).expect("bind");
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { return };
-                let behaviour = behaviour.clone();
-                std::thread::spawn(move || serve(stream, behaviour));
-            }
-        });
-        Self { dir }
-    }
-
     fn client(&self, timeout: Duration) -> PodResourcesClient {
-        PodResourcesClient::new(self.dir.path().join("kubelet.sock"), timeout)
-            .with_owner(Some(own_uid()))
+        PodResourcesClient::new(self.socket(), timeout).with_owner(Some(own_uid()))
     }
 }
 
@@ -54,64 +20,6 @@ fn own_uid() -> u32 {
     std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .expect("own uid")
-}
-
-fn serve(mut stream: std::os::unix::net::UnixStream, behaviour: Behaviour) {
-    match behaviour {
-        Behaviour::Hung => {
-            std::thread::sleep(Duration::from_secs(30));
-        }
-        Behaviour::Close => drop(stream),
-        Behaviour::Garbage => {
-            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\nnot http/2 at all");
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        Behaviour::Answer(..) | Behaviour::Status(..) => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                stream.set_nonblocking(true).expect("nonblocking");
-                let stream = tokio::net::UnixStream::from_std(stream).expect("tokio stream");
-                let Ok(mut conn) = h2::server::handshake(stream).await else {
-                    return;
-                };
-                while let Some(Ok((request, mut respond))) = conn.accept().await {
-                    let mut body = request.into_body();
-                    while let Some(Ok(_)) = body.data().await {}
-                    let head = Response::builder()
-                        .status(200)
-                        .header("content-type", "application/grpc");
-                    match &behaviour {
-                        Behaviour::Answer(message, delay) => {
-                            tokio::time::sleep(*delay).await;
-                            let Ok(head) = head.body(()) else { return };
-                            let Ok(mut send) = respond.send_response(head, false) else {
-                                return;
-                            };
-                            let framed = grpc::frame(message).expect("frames");
-                            let _ = send.send_data(framed, false);
-                            let mut trailers = HeaderMap::new();
-                            trailers.insert("grpc-status", "0".parse().expect("value"));
-                            let _ = send.send_trailers(trailers);
-                        }
-                        Behaviour::Status(code, message) => {
-                            let Ok(head) = head
-                                .header("grpc-status", code.to_string())
-                                .header("grpc-message", *message)
-                                .body(())
-                            else {
-                                return;
-                            };
-                            let _ = respond.send_response(head, true);
-                        }
-                        _ => return,
-                    }
-                }
-            });
-        }
-    }
 }
 
 /// The kubelet's answer to `Get` for a Guaranteed pod with one exclusive CPU, memory on node
@@ -248,13 +156,13 @@ fn a_grpc_error_names_its_status() {
 #[test]
 fn refuses_what_is_not_the_owners_socket() {
     let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
-    let socket = kubelet.dir.path().join("kubelet.sock");
+    let socket = kubelet.dir().join("kubelet.sock");
     let other = PodResourcesClient::new(&socket, TIMEOUT).with_owner(Some(own_uid() + 1));
     let e = other.get("default", "p").expect_err("not the owner's");
     assert_eq!(e.kind(), "untrusted");
     assert!(e.to_string().contains("owned by uid"), "{e}");
     // A link to the real socket is not followed.
-    let link = kubelet.dir.path().join("link.sock");
+    let link = kubelet.dir().join("link.sock");
     std::os::unix::fs::symlink(&socket, &link).expect("symlink");
     let e = PodResourcesClient::new(&link, TIMEOUT)
         .with_owner(None)
@@ -262,14 +170,14 @@ fn refuses_what_is_not_the_owners_socket() {
         .expect_err("a link");
     assert!(e.to_string().contains("symbolic link"), "{e}");
     // A regular file is not a socket.
-    let file = kubelet.dir.path().join("file");
+    let file = kubelet.dir().join("file");
     std::fs::write(&file, b"").expect("file");
     let e = PodResourcesClient::new(&file, TIMEOUT)
         .with_owner(None)
         .get("default", "p")
         .expect_err("a file");
     assert!(e.to_string().contains("not a socket"), "{e}");
-    let missing = PodResourcesClient::new(kubelet.dir.path().join("none"), TIMEOUT);
+    let missing = PodResourcesClient::new(kubelet.dir().join("none"), TIMEOUT);
     assert!(!missing.socket_exists());
     assert_eq!(missing.get("default", "p"), Err(KubeletError::Missing));
 }
@@ -278,7 +186,7 @@ fn refuses_what_is_not_the_owners_socket() {
 fn asking_gives_the_admission_or_why_not() {
     use kata_topo_core::kubelet::{KubeletView, TopologyScope};
     let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
-    let config = kubelet.dir.path().join("config.yaml");
+    let config = kubelet.dir().join("config.yaml");
     std::fs::write(
         &config,
         "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
@@ -302,7 +210,7 @@ fn asking_gives_the_admission_or_why_not() {
     ));
     // Without the kubelet's configuration, no policy to apply: unavailable, saying so.
     assert!(matches!(
-        crate::ask(&client, &kubelet.dir.path().join("none.yaml"), "default", "guaranteed"),
+        crate::ask(&client, &kubelet.dir().join("none.yaml"), "default", "guaranteed"),
         KubeletView::Unavailable { reason } if reason.contains("configuration")
     ));
     let hung = FakeKubelet::start(Behaviour::Hung);
