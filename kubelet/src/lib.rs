@@ -34,6 +34,36 @@ use kata_topo_core::IdSet;
 pub use client::{PodResourcesClient, DEFAULT_SOCKET};
 pub use grpc::MAX_MESSAGE_BYTES;
 
+/// What the kubelet says about `pod` under the node's `[topology_guard]`: `None` when the
+/// kubelet is not the intent source (`intent_source = "annotations"`, or `auto` without its
+/// socket) or the request names no pod (a container not created through the CRI); else its
+/// answer, or why it gave none, within `kubelet_timeout_ms`. The wrapper and the hook both
+/// come here.
+pub fn intent_for(
+    config: &kata_topo_core::config::Config,
+    pod: &kata_topo_core::verdict::PodRef,
+) -> Option<KubeletView> {
+    use kata_topo_core::kubelet::IntentSource;
+    let client = client_for(config);
+    match config.intent_source {
+        IntentSource::Annotations => return None,
+        IntentSource::Auto if !client.socket_exists() => return None,
+        IntentSource::Auto | IntentSource::Kubelet => {}
+    }
+    let (Some(namespace), Some(name)) = (&pod.namespace, &pod.name) else {
+        return None;
+    };
+    Some(ask(&client, &config.kubelet_config, namespace, name))
+}
+
+/// The client `[topology_guard]` configures.
+pub fn client_for(config: &kata_topo_core::config::Config) -> PodResourcesClient {
+    PodResourcesClient::new(
+        &config.kubelet_pod_resources_socket,
+        std::time::Duration::from_millis(config.kubelet_timeout_ms),
+    )
+}
+
 /// Asks the kubelet what it admitted for pod `namespace/name` (PodResources `Get`; the API
 /// carries no uid, so namespace and name identify the pod) and reads the node's kubelet
 /// settings from `kubelet_config`. Never waits longer than the client's deadline for the
@@ -45,13 +75,12 @@ pub fn ask(
     name: &str,
 ) -> KubeletView {
     let unavailable = |reason: String| KubeletView::Unavailable { reason };
-    let settings = match KubeletSettings::read(kubelet_config) {
-        Ok(s) => s,
-        Err(e) => return unavailable(kata_topo_core::text::error_chain(&e)),
-    };
     match client.get(namespace, name).and_then(|p| admission(&p)) {
         Ok(pod) if pod.namespace == namespace && pod.name == name => {
-            KubeletView::Admitted { pod, settings }
+            match KubeletSettings::read(kubelet_config) {
+                Ok(settings) => KubeletView::Admitted { pod, settings },
+                Err(e) => unavailable(kata_topo_core::text::error_chain(&e)),
+            }
         }
         Ok(pod) => unavailable(format!(
             "the kubelet answered for pod {}/{} when asked for {namespace}/{name}",

@@ -12,38 +12,29 @@
 //! the kubelet gave no answer for keeps that too until its next resize.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kata_topo_core::config::Config;
 use kata_topo_core::kubelet::{IntentSource, KubeletView};
 use kata_topo_core::verdict::PodRef;
-use kata_topo_kubelet::PodResourcesClient;
 
 /// The kubelet's answer for one pod, kept between requests.
 #[derive(Debug)]
 pub(crate) struct KubeletIntents {
-    source: IntentSource,
-    client: PodResourcesClient,
-    kubelet_config: std::path::PathBuf,
+    config: Config,
     kept: Mutex<Option<Arc<KubeletView>>>,
 }
 
 impl KubeletIntents {
     pub(crate) fn new(config: &Config) -> Self {
         Self {
-            source: config.intent_source,
-            client: PodResourcesClient::new(
-                &config.kubelet_pod_resources_socket,
-                Duration::from_millis(config.kubelet_timeout_ms),
-            ),
-            kubelet_config: config.kubelet_config.clone(),
+            config: config.clone(),
             kept: Mutex::new(None),
         }
     }
 
     /// What was kept from the last answer, without asking.
     pub(crate) fn kept(&self) -> Option<Arc<KubeletView>> {
-        if self.source == IntentSource::Annotations {
+        if self.config.intent_source == IntentSource::Annotations {
             return None;
         }
         self.kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -52,27 +43,18 @@ impl KubeletIntents {
     /// What the kubelet says about `pod`: asked now when `ask` (the pod's first create, a
     /// resize) or when nothing is kept yet (a wrapper restarted), else what was kept — the
     /// reason it gave none too, so that a hung kubelet costs the requests that ask and no
-    /// other. `None` when the kubelet is
-    /// not the intent source (`intent_source = "annotations"`, or `auto` without its socket)
-    /// or the request names no pod (not created through the CRI).
+    /// other. `None` when the kubelet is not the intent source (`intent_source =
+    /// "annotations"`, or `auto` without its socket) or the request names no pod.
     pub(crate) fn view(&self, pod: &PodRef, ask: bool) -> Option<Arc<KubeletView>> {
-        match self.source {
-            IntentSource::Annotations => return None,
-            IntentSource::Auto if !self.client.socket_exists() => return None,
-            IntentSource::Auto | IntentSource::Kubelet => {}
-        }
-        let (Some(namespace), Some(name)) = (&pod.namespace, &pod.name) else {
-            return None;
-        };
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if let (false, Some(v)) = (ask, kept.as_ref()) {
             return Some(Arc::clone(v));
         }
+        let answer = kata_topo_kubelet::intent_for(&self.config, pod)?;
         let usable = kept
             .as_ref()
             .filter(|v| matches!(***v, KubeletView::Admitted { .. }))
             .cloned();
-        let answer = kata_topo_kubelet::ask(&self.client, &self.kubelet_config, namespace, name);
         let view = match (answer, usable) {
             (KubeletView::Unavailable { .. }, Some(before)) => before,
             (answer, _) => Arc::new(answer),
