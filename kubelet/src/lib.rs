@@ -15,6 +15,11 @@
 //! 330 KiB once it has made calls (the runtime's and h2's code paged in; nothing stays
 //! allocated between calls). One `Get` takes 0.11 ms at the median, 0.8 ms at p95 and under
 //! 2 ms at worst over 200 calls. tonic sits on this same `h2` and adds hyper and tower on top.
+//! Linked into the wrapper (release profile, stripped), the client and its checks make
+//! `containerd-shim-kata-topo-v2` 417 KiB larger (3.20 MiB to 3.61 MiB). The daemon's own RSS
+//! with the client was not measured here: the 330 KiB above is the most a process that has
+//! asked pays for it; one that never asks (no socket, `intent_source = "annotations"`) runs
+//! none of its code.
 
 #![forbid(unsafe_code)]
 
