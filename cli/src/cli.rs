@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use kata_topo_core::text::printable;
 use kata_topo_core::VERSION;
 
-use crate::commands::{check, events, status, topology, vm};
+use crate::commands::{check, events, intent, status, topology, vm};
 use crate::out::StdoutGone;
 
 /// kata-topo: keep Kata pods on the NUMA and VFIO topology they were admitted with.
@@ -39,6 +39,9 @@ enum Command {
     /// Show a running VMM's vCPU threads and their host CPUs, its memory policy and its guest
     /// NUMA layout.
     Vm(vm::VmArgs),
+    /// What the kubelet admitted for a pod (PodResources) and where its intent comes from;
+    /// exit 1 when the kubelet gives none.
+    Intent(intent::IntentArgs),
 }
 
 /// Parses arguments and runs; maps errors to exit code 2 with one line on stderr.
@@ -61,6 +64,7 @@ pub(crate) fn run() -> ExitCode {
         Command::Vm(args) => vm::vm(&args),
         Command::Status(args) => status::status(&args),
         Command::Events(args) => events::events(&args),
+        Command::Intent(args) => intent::intent(&args),
     };
     match result {
         Ok(code) => code,

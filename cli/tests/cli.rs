@@ -994,3 +994,81 @@ fn a_live_discovery_that_blocks_is_named_and_given_up() {
         "{err}"
     );
 }
+
+/// `check --pod-resources`: the kubelet's recorded answer is the intent of the spec's pod; a
+/// cpuset off the exclusive CPUs it assigned is `kubelet-cpus-mismatch`. `intent` reads the
+/// same answer, and says when the pod is not in it (exit 1).
+#[test]
+fn a_recorded_pod_resources_answer_is_the_intent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = dir.path().join("config.json");
+    std::fs::write(
+        &spec,
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "annotations": {
+                "io.kubernetes.cri.container-type": "container",
+                "io.kubernetes.cri.sandbox-id": "sb",
+                "io.kubernetes.cri.container-name": "app",
+                "io.kubernetes.cri.sandbox-name": "guaranteed",
+                "io.kubernetes.cri.sandbox-namespace": "default"
+            },
+            "linux": {"resources": {"cpu": {"cpus": "0-1"}}}
+        })
+        .to_string(),
+    )
+    .expect("spec");
+    let answer = repo().join("core/tests/fixtures/pod-resources/list.json");
+    let out = kata_topo(&[
+        "check",
+        "--spec",
+        s(&spec),
+        "--topology",
+        s(&scenario("two-node-host.xml")),
+        "--pod-resources",
+        s(&answer),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["intent_source"], "kubelet");
+    assert_eq!(v["kubelet"]["cpus"], "1");
+    let rules: Vec<_> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f["rule"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        rules.contains(&"kubelet-cpus-mismatch".to_string()),
+        "{rules:?}"
+    );
+
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "topologyManagerPolicy: single-numa-node\n").expect("config");
+    let intent = |pod: &str| {
+        kata_topo(&[
+            "intent",
+            "--pod",
+            pod,
+            "--pod-resources",
+            s(&answer),
+            "--kubelet-config",
+            s(&config),
+            "--json",
+        ])
+    };
+    let out = intent("default/guaranteed");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["intent_source"], "kubelet");
+    assert_eq!(
+        v["kubelet"]["settings"]["topology_manager_policy"],
+        "single-numa-node"
+    );
+    assert_eq!(v["kubelet"]["containers"][0]["cpu_ids"], "1");
+    let out = intent("default/absent");
+    assert_eq!(code(&out), 1);
+    assert_eq!(stdout_json(&out)["intent_source"], "annotations");
+    assert_eq!(code(&kata_topo(&["intent", "--pod", "no-slash"])), 2);
+}

@@ -11,6 +11,9 @@ use serde_json::json;
 use crate::check::Defaults;
 use crate::host::{Bdf, Host};
 use crate::idset::IdSet;
+use crate::kubelet::{
+    ContainerAdmission, DeviceAdmission, KubeletSettings, PodAdmission, TopologyScope,
+};
 use crate::verdict::{Finding, Rule, Severity};
 
 /// Annotation: the Topology Manager policy applied to updates.
@@ -45,7 +48,7 @@ pub struct ChoiceError {
     pub expected: &'static str,
 }
 
-fn choice_error(value: &str, expected: &'static str) -> ChoiceError {
+pub(crate) fn choice_error(value: &str, expected: &'static str) -> ChoiceError {
     ChoiceError {
         value: value.chars().take(64).collect(),
         expected,
@@ -219,6 +222,24 @@ impl Intent {
         baseline_nodes: Option<&IdSet>,
         host: &Host,
     ) -> (Self, Vec<Finding>) {
+        Self::over(
+            annotations,
+            defaults,
+            baseline_nodes.map(|n| (n, IntentOrigin::Baseline)),
+            host,
+        )
+    }
+
+    /// [`Intent::from_annotations`] over the nodes another source allows (the kubelet's
+    /// admission or the baseline): a `kata-topo.io/numa-nodes` is stricter when it is a subset
+    /// of them, and an ignored one names that source.
+    pub fn over(
+        annotations: &BTreeMap<String, String>,
+        defaults: &Defaults,
+        reference: Option<(&IdSet, IntentOrigin)>,
+        host: &Host,
+    ) -> (Self, Vec<Finding>) {
+        let baseline_nodes = reference.map(|(n, _)| n);
         let mut findings = Vec::new();
         let mut invalid = |key: &str, value: &str, why: String| {
             let shown: String = value.chars().take(64).collect();
@@ -308,7 +329,13 @@ impl Intent {
                 } else {
                     if !same {
                         let applies = match baseline_nodes {
-                            Some(b) => json!({"numa_nodes": b, "from": "the baseline"}),
+                            Some(b) => json!({
+                                "numa_nodes": b,
+                                "from": match reference.map(|(_, o)| o) {
+                                    Some(IntentOrigin::Kubelet) => "the kubelet's admission",
+                                    _ => "the baseline",
+                                }
+                            }),
                             None => json!({"numa_nodes": "any"}),
                         };
                         ignored_findings.push(ignored(
@@ -372,6 +399,110 @@ impl Intent {
             None => defaults.mode,
         };
         (policy, mode, findings)
+    }
+}
+
+/// Where a check's intent came from (`intent_source` in verdicts and log lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum IntentOrigin {
+    /// What the kubelet's Topology Manager admitted (PodResources), under the kubelet's
+    /// Topology Manager policy; the pod's annotations apply over it within `pod_overrides`.
+    Kubelet,
+    /// The pod's `kata-topo.io/*` annotations over the node's configuration.
+    #[default]
+    Annotations,
+    /// The container's first placement, its baseline.
+    Baseline,
+}
+
+impl fmt::Display for IntentOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Kubelet => "kubelet",
+            Self::Annotations => "annotations",
+            Self::Baseline => "baseline",
+        })
+    }
+}
+
+/// What the kubelet admitted, as one request's check applies it: the container's exclusive
+/// CPUs, memory nodes and devices, and the NUMA nodes the Topology Manager aligned — the
+/// container's own (scope `container`) or the whole pod's (scope `pod`, and for the sandbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletIntent {
+    /// The node's kubelet settings (the policy is the Topology Manager's).
+    pub settings: KubeletSettings,
+    /// The exclusive CPUs the CPU manager assigned the container; `None` for the shared pool
+    /// and for the sandbox.
+    pub cpus: Option<IdSet>,
+    /// The NUMA nodes of the memory the memory manager assigned; `None` when it assigned none.
+    pub memory_nodes: Option<IdSet>,
+    /// The devices the kubelet allocated the container.
+    pub devices: Vec<DeviceAdmission>,
+    /// The NUMA nodes the admission aligned to (CPUs' nodes, memory nodes, device hints, over
+    /// the scope); `None` when the kubelet pinned nothing there.
+    pub numa_nodes: Option<IdSet>,
+}
+
+impl KubeletIntent {
+    /// What the kubelet admitted for `container` (`None`: the sandbox, the whole pod). `None`
+    /// when the kubelet does not list the container (an init container): the annotations and
+    /// the baseline then decide, as without the kubelet.
+    pub fn resolve(
+        pod: &PodAdmission,
+        settings: &KubeletSettings,
+        container: Option<&str>,
+        host: &Host,
+    ) -> Option<Self> {
+        let nodes_of = |c: &ContainerAdmission| {
+            host.nodes_of_cpus(&c.cpu_ids)
+                .union(&c.memory_nodes())
+                .union(&c.device_nodes())
+        };
+        let whole_pod = || {
+            pod.containers
+                .iter()
+                .fold(IdSet::new(), |acc, c| acc.union(&nodes_of(c)))
+        };
+        let non_empty = |s: IdSet| (!s.is_empty()).then_some(s);
+        match container {
+            None => Some(Self {
+                settings: settings.clone(),
+                cpus: None,
+                memory_nodes: None,
+                devices: Vec::new(),
+                numa_nodes: non_empty(whole_pod()),
+            }),
+            Some(name) => {
+                let c = pod.container(name)?;
+                let numa_nodes = match settings.topology_manager_scope {
+                    TopologyScope::Container => nodes_of(c),
+                    TopologyScope::Pod => whole_pod(),
+                };
+                Some(Self {
+                    settings: settings.clone(),
+                    cpus: non_empty(c.cpu_ids.clone()),
+                    memory_nodes: non_empty(c.memory_nodes()),
+                    devices: c.devices.clone(),
+                    numa_nodes: non_empty(numa_nodes),
+                })
+            }
+        }
+    }
+
+    /// What the kubelet reported, as the verdict's and the log line's nested JSON.
+    pub fn reported(&self) -> serde_json::Value {
+        json!({
+            "topology_manager_policy": self.settings.topology_manager_policy.to_string(),
+            "topology_manager_scope": self.settings.topology_manager_scope.to_string(),
+            "cpu_manager_policy": self.settings.cpu_manager_policy,
+            "memory_manager_policy": self.settings.memory_manager_policy,
+            "cpus": self.cpus,
+            "memory_nodes": self.memory_nodes,
+            "devices": self.devices,
+            "numa_nodes": self.numa_nodes,
+        })
     }
 }
 

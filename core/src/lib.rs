@@ -15,6 +15,7 @@ pub mod host;
 pub mod idset;
 pub mod intent;
 pub mod kata;
+pub mod kubelet;
 pub mod process;
 pub mod request;
 pub mod simulate;

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::intent::{Mode, Policy};
+use crate::intent::{IntentOrigin, Mode, Policy};
 
 /// What was checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -95,12 +95,21 @@ pub enum Rule {
     /// A pod annotation would weaken what the node's configuration sets, or override it where
     /// `pod_overrides` allows none: ignored, and said.
     OverrideIgnored,
+    /// The container's cpuset is not the set of exclusive CPUs the kubelet's CPU manager
+    /// assigned it.
+    KubeletCpusMismatch,
+    /// A device the kubelet allocated the container sits on another NUMA node than the
+    /// topology hint it was admitted with, or is not in the container.
+    KubeletDeviceMismatch,
+    /// The kubelet was to give the intent and could not (timeout, refusal, garbage, a socket
+    /// not root's): the annotations and the baseline stand in, and this says why.
+    KubeletIntentUnavailable,
 }
 
 impl Rule {
     /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
     /// the severity table and the one in `docs/rules.md` are held complete against.
-    pub const ALL: [Rule; 16] = [
+    pub const ALL: [Rule; 19] = [
         Self::CpuUnknown,
         Self::CpuSpansNuma,
         Self::CpuOutsideIntent,
@@ -117,6 +126,9 @@ impl Rule {
         Self::CheckFailed,
         Self::IntentInvalid,
         Self::OverrideIgnored,
+        Self::KubeletCpusMismatch,
+        Self::KubeletDeviceMismatch,
+        Self::KubeletIntentUnavailable,
     ];
 
     /// The kebab-case id.
@@ -138,6 +150,9 @@ impl Rule {
             Self::CheckFailed => "check-failed",
             Self::IntentInvalid => "intent-invalid",
             Self::OverrideIgnored => "override-ignored",
+            Self::KubeletCpusMismatch => "kubelet-cpus-mismatch",
+            Self::KubeletDeviceMismatch => "kubelet-device-mismatch",
+            Self::KubeletIntentUnavailable => "kubelet-intent-unavailable",
         }
     }
 }
@@ -225,6 +240,12 @@ pub struct Verdict {
     pub decision: Decision,
     /// What does not match.
     pub findings: Vec<Finding>,
+    /// Where the intent came from: `kubelet`, `annotations` or `baseline`.
+    #[serde(default)]
+    pub intent_source: IntentOrigin,
+    /// What the kubelet reported for the container, when it is the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<Value>,
 }
 
 impl Verdict {
@@ -288,7 +309,7 @@ impl Verdict {
             .map(|c| format!(" ({})", serde_plain(&c)))
             .unwrap_or_default();
         let mut out = format!(
-            "{}{class}: pod={}/{} container={} policy={} mode={} decision={}\n",
+            "{}{class}: pod={}/{} container={} policy={} mode={} decision={} intent={}\n",
             serde_plain(&self.operation),
             printable(self.pod.namespace.as_deref().unwrap_or("-")),
             printable(self.pod.name.as_deref().unwrap_or("-")),
@@ -296,6 +317,7 @@ impl Verdict {
             serde_plain(&self.policy),
             serde_plain(&self.mode),
             serde_plain(&self.decision),
+            self.intent_source,
         );
         if self.findings.is_empty() {
             out.push_str("  no findings: placement matches the pod's intent\n");
@@ -343,6 +365,8 @@ mod tests {
                 expected: serde_json::json!({"numa_nodes": [1]}),
                 observed: serde_json::json!({"numa_nodes": [0]}),
             }],
+            intent_source: IntentOrigin::Annotations,
+            kubelet: None,
         }
     }
 

@@ -822,6 +822,42 @@ fn every_rule_message_is_one_clean_line() {
         .add_device(bdf("0000:c1:00.0"), 0, Some("vfio-pci"), Some("60"))
         .expect("move");
     verdicts.push(recreate(&vfs, Some(&moving.sysfs()), &s, &baseline));
+    // kubelet-cpus-mismatch, kubelet-device-mismatch (both kinds), kubelet-intent-unavailable.
+    use kata_topo_core::kubelet::{
+        ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, PodAdmission,
+    };
+    let device = |id: &str, node: &str| DeviceAdmission {
+        resource_name: "kata-topo.io/vfio".into(),
+        device_ids: vec![id.into()],
+        numa_nodes: node.parse().expect("set"),
+    };
+    let admitted = KubeletView::Admitted {
+        pod: PodAdmission {
+            namespace: "ml".into(),
+            name: "gpu-pod".into(),
+            containers: vec![ContainerAdmission {
+                name: "trainer".into(),
+                cpu_ids: "24-25".parse().expect("set"),
+                memory: Vec::new(),
+                devices: vec![device("0000:b7:00.0", "0"), device("0000:34:00.0", "0")],
+            }],
+        },
+        settings: KubeletSettings::default(),
+    };
+    let unavailable = KubeletView::Unavailable {
+        reason: "the kubelet did not answer within 100 ms".into(),
+    };
+    let on_node_1 = spec().cpus("24").device("/dev/vfio/20").build();
+    for view in [&admitted, &unavailable] {
+        verdicts.push(
+            kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).check(
+                &kata_topo_core::Request {
+                    kubelet: Some(view),
+                    ..kata_topo_core::Request::create(&on_node_1)
+                },
+            ),
+        );
+    }
 
     let mut seen: Vec<Rule> = Vec::new();
     for v in &verdicts {

@@ -87,6 +87,8 @@ state_dir = "${state}"
 log_file = "${log}"
 metrics_dir = "${metrics}"
 topology_refresh_seconds = 5
+# The scenario's pods carry kata-topo's annotations; the kubelet's own intent is not its subject.
+intent_source = "annotations"
 EOF
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
   # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x.

@@ -281,11 +281,15 @@ fn check(
         _ => None,
     };
     let running = state.status == "running";
+    // What the kubelet admitted, as the wrapper asks it: once per hook run, a container's
+    // create, within kubelet_timeout_ms.
+    let kubelet = kata_topo_kubelet::intent_for(config, &spec.pod);
     let mut verdict = checker.check(&Request {
         baseline: baseline.as_ref(),
         container_id: Some(&state.id),
         kata: kata.as_ref(),
         vm: vm.as_ref(),
+        kubelet: kubelet.as_ref(),
         ..Request::create(&spec)
     });
     if running && verdict.mode == Mode::Enforce {

@@ -14,6 +14,12 @@ struct Env {
 }
 
 fn env(mode: &str, fail_closed: bool) -> Env {
+    env_with(mode, fail_closed, "")
+}
+
+/// [`env`] with more `[topology_guard]` lines; without a kubelet socket among them, a socket
+/// path where there is none (a node's real kubelet is never asked).
+fn env_with(mode: &str, fail_closed: bool, extra: &str) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
     tree.add_device(
@@ -27,11 +33,19 @@ fn env(mode: &str, fail_closed: bool) -> Env {
     std::fs::write(
         &config,
         format!(
-            "[topology_guard]\nmode = \"{mode}\"\nfail_closed = {fail_closed}\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n",
+            "[topology_guard]\nmode = \"{mode}\"\nfail_closed = {fail_closed}\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{}{extra}",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenario/two-node-host.xml").display(),
             tree.root().display(),
             dir.path().join("state").display(),
-            dir.path().join("kt.log").display()
+            dir.path().join("kt.log").display(),
+            if extra.contains("kubelet_pod_resources_socket") {
+                String::new()
+            } else {
+                format!(
+                    "kubelet_pod_resources_socket = \"{}\"\n",
+                    dir.path().join("no-kubelet.sock").display()
+                )
+            },
         ),
     )
     .expect("config");
@@ -422,4 +436,18 @@ fn a_hook_step_that_blocks_is_given_up_in_time() {
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     let log = std::fs::read_to_string(e.dir.path().join("kt.log")).unwrap_or_default();
     assert!(log.contains("reading the OCI state on stdin"), "{log}");
+}
+
+/// `intent_source = "kubelet"` with no kubelet: the hook checks against the annotations, with a
+/// `kubelet-intent-unavailable` warning saying why, and lets the container start.
+#[test]
+fn without_the_kubelet_the_hook_falls_back_with_a_warning() {
+    let e = env_with("enforce", false, "intent_source = \"kubelet\"\n");
+    let b = e.bundle("trainer", "1", false);
+    let out = e.hook(&e.state(&b, "creating"));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(e.rules(), ["kubelet-intent-unavailable"]);
+    let log = std::fs::read_to_string(e.dir.path().join("kt.log")).expect("log");
+    assert!(log.contains("does not exist"), "{log}");
+    assert!(log.contains("\"intent_source\":\"annotations\""), "{log}");
 }

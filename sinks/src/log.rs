@@ -378,6 +378,8 @@ pub fn log_verdict(log: &Logger, v: &Verdict) {
             "pod_name" => s(&v.pod.name),
             "pod_namespace" => s(&v.pod.namespace),
             "pod_uid" => s(&v.pod.uid),
+            "intent_source" => v.intent_source.to_string(),
+            "kubelet" => v.kubelet.clone().map(slog::Serde),
             "expected" => slog::Serde(f.expected.clone()),
             "observed" => slog::Serde(f.observed.clone()),
         );
@@ -398,6 +400,7 @@ mod tests {
             "operation": "update", "class": "cpuset", "sandbox_id": "sb", "container_id": "c1",
             "container_name": "app", "pod": {"name": "p", "namespace": "ns", "uid": "u"},
             "policy": "restricted", "mode": "enforce", "decision": decision,
+            "intent_source": "kubelet", "kubelet": {"cpus": "1", "numa_nodes": "1"},
             "findings": [
                 {"rule": "vfio-remote", "severity": "error", "message": "remote GPU\n\u{1b}[2J",
                  "expected": {"numa_nodes": [0]}, "observed": {"numa_nodes": [1]}},
@@ -444,12 +447,18 @@ mod tests {
             "container_id",
             "pod_name",
             "pod_namespace",
+            "intent_source",
         ] {
             assert!(l[0].get(key).is_some(), "missing {key} in {}", l[0]);
         }
         assert_eq!(l[0]["expected"], serde_json::json!({"numa_nodes": [0]}));
         assert_eq!(l[0]["observed"], serde_json::json!({"numa_nodes": [1]}));
         assert_eq!(l[0]["class"], "cpuset");
+        assert_eq!(l[0]["intent_source"], "kubelet");
+        assert_eq!(
+            l[0]["kubelet"],
+            serde_json::json!({"cpus": "1", "numa_nodes": "1"})
+        );
         assert_eq!(l[1]["rule"], "mems-mismatch");
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&path).expect("meta").permissions(),

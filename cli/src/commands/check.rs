@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kata_topo_core::fsutil;
 use kata_topo_core::kata::KataConfig;
+use kata_topo_core::kubelet::KubeletSettings;
 use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo_core::vm::VmView;
 use kata_topo_core::{
@@ -60,6 +61,15 @@ pub(crate) struct CheckArgs {
     /// The procfs root for --vm-pid.
     #[arg(long, value_name = "ROOT", default_value = "/proc")]
     procfs: PathBuf,
+    /// A recorded PodResources answer of the kubelet (List or Get, JSON): the pod of the
+    /// spec's CRI annotations is found in it, and what the kubelet admitted is the intent.
+    #[arg(long, value_name = "FILE")]
+    pod_resources: Option<PathBuf>,
+    /// The kubelet's configuration for --pod-resources (its Topology Manager policy and
+    /// scope). Without it, the Topology Manager's policy is --policy and its scope
+    /// `container`.
+    #[arg(long, value_name = "FILE", requires = "pod_resources")]
+    kubelet_config: Option<PathBuf>,
     /// Print the verdict as JSON.
     #[arg(long)]
     json: bool,
@@ -140,6 +150,25 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         pod_overrides: args.pod_overrides.unwrap_or(node.pod_overrides),
         ..node
     };
+    let kubelet = match &args.pod_resources {
+        Some(path) => {
+            let settings = match &args.kubelet_config {
+                Some(file) => {
+                    KubeletSettings::read(file).map_err(|e| kata_topo_core::text::error_chain(&e))
+                }
+                None => Ok(KubeletSettings {
+                    topology_manager_policy: defaults.policy,
+                    ..KubeletSettings::default()
+                }),
+            };
+            let namespace = spec.pod.namespace.as_deref().unwrap_or_default();
+            let name = spec.pod.name.as_deref().unwrap_or_default();
+            Some(crate::commands::intent::recorded(
+                path, settings, namespace, name,
+            )?)
+        }
+        None => None,
+    };
     let checker = Checker::new(&host, sysfs.as_ref(), defaults);
     if let Some(out) = &args.record_baseline {
         let recorded = checker.record_baseline(&spec);
@@ -156,6 +185,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         overrides: Overrides::default(),
         kata: kata.as_ref(),
         vm: view.as_ref(),
+        kubelet: kubelet.as_ref(),
     });
     if args.json {
         out::json(&serde_json::to_string_pretty(&verdict)?)?;

@@ -7,6 +7,7 @@
 
 pub(crate) mod check;
 pub(crate) mod events;
+pub(crate) mod intent;
 pub(crate) mod status;
 pub(crate) mod topology;
 pub(crate) mod vm;

@@ -8,7 +8,8 @@ use std::fmt;
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Intent, Mode, Policy};
+use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent, Mode, Policy};
+use crate::kubelet::KubeletView;
 use crate::request::{ContainerKind, Resources};
 use crate::verdict::{Finding, Operation, UpdateClass};
 
@@ -31,6 +32,8 @@ pub(super) enum AllowedBy {
     Annotation,
     /// The container's baseline: its CPUs' nodes and memory nodes at its first create.
     Baseline,
+    /// What the kubelet's Topology Manager admitted.
+    Kubelet,
 }
 
 impl fmt::Display for AllowedBy {
@@ -38,6 +41,7 @@ impl fmt::Display for AllowedBy {
         f.write_str(match self {
             Self::Annotation => "the pod's kata-topo.io/numa-nodes",
             Self::Baseline => "the baseline",
+            Self::Kubelet => "the kubelet's admission",
         })
     }
 }
@@ -78,6 +82,12 @@ pub(super) struct Context<'r> {
     pub(super) cpus: Option<Cpus>,
     /// The spec's VFIO devices, resolved against sysfs and the host.
     pub(super) devices: Vec<Device>,
+    /// Where the intent came from.
+    pub(super) origin: IntentOrigin,
+    /// What the kubelet admitted, when it is the source.
+    pub(super) kubelet: Option<KubeletIntent>,
+    /// Why the kubelet, asked, gave no intent.
+    pub(super) kubelet_unavailable: Option<String>,
 }
 
 impl<'r> Context<'r> {
@@ -87,12 +97,38 @@ impl<'r> Context<'r> {
         let host = checker.host;
         let spec = req.spec;
         let baseline_nodes = req.baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
-        let (intent, invalid) = Intent::from_annotations(
-            &spec.annotations,
-            &checker.defaults,
-            baseline_nodes.as_ref(),
-            host,
-        );
+        // The kubelet's admission, when it was asked and lists the container, is the intent:
+        // its Topology Manager policy is the default, its nodes what the annotations narrow.
+        let (kubelet, kubelet_unavailable) = match req.kubelet {
+            Some(KubeletView::Admitted { pod, settings }) => {
+                let container = match spec.kind {
+                    ContainerKind::Sandbox => None,
+                    _ => spec.container_name.as_deref(),
+                };
+                (KubeletIntent::resolve(pod, settings, container, host), None)
+            }
+            Some(KubeletView::Unavailable { reason }) => (None, Some(reason.clone())),
+            None => (None, None),
+        };
+        let defaults = match &kubelet {
+            Some(k) => super::Defaults {
+                policy: k.settings.topology_manager_policy,
+                ..checker.defaults
+            },
+            None => checker.defaults,
+        };
+        let reference = match (&kubelet, &baseline_nodes) {
+            (
+                Some(KubeletIntent {
+                    numa_nodes: Some(n),
+                    ..
+                }),
+                _,
+            ) => Some((n, IntentOrigin::Kubelet)),
+            (_, Some(b)) => Some((b, IntentOrigin::Baseline)),
+            _ => None,
+        };
+        let (intent, invalid) = Intent::over(&spec.annotations, &defaults, reference, host);
         let operation = match (req.update, spec.kind, req.baseline) {
             (Some(_), _, _) => Operation::Update,
             (None, ContainerKind::Sandbox, _) => Operation::Sandbox,
@@ -104,16 +140,32 @@ impl<'r> Context<'r> {
             Some(u) => Cow::Owned(current.merged(u)),
             None => Cow::Borrowed(&spec.resources),
         };
-        let allowed = match (intent.numa_nodes, req.baseline) {
-            (Some(nodes), _) => Some(Allowed {
+        let kubelet_nodes = kubelet.as_ref().and_then(|k| k.numa_nodes.clone());
+        let allowed = match (intent.numa_nodes, kubelet_nodes, baseline_nodes) {
+            (Some(nodes), _, _) => Some(Allowed {
                 nodes,
                 source: AllowedBy::Annotation,
             }),
-            (None, Some(b)) if !b.nodes().is_empty() => Some(Allowed {
-                nodes: b.nodes(),
+            (None, Some(nodes), _) => Some(Allowed {
+                nodes,
+                source: AllowedBy::Kubelet,
+            }),
+            (None, None, Some(nodes)) => Some(Allowed {
+                nodes,
                 source: AllowedBy::Baseline,
             }),
             _ => None,
+        };
+        let origin = match (&kubelet, &allowed) {
+            (Some(_), _) => IntentOrigin::Kubelet,
+            (
+                None,
+                Some(Allowed {
+                    source: AllowedBy::Baseline,
+                    ..
+                }),
+            ) => IntentOrigin::Baseline,
+            _ => IntentOrigin::Annotations,
         };
         let cpus = effective.cpus.as_ref().map(|set| {
             let online = set.intersection(&host.online_cpus);
@@ -135,6 +187,9 @@ impl<'r> Context<'r> {
             allowed,
             cpus,
             devices: checker.resolve_all(spec),
+            origin,
+            kubelet,
+            kubelet_unavailable,
         };
         (cx, invalid)
     }

@@ -16,6 +16,7 @@
 mod context;
 mod devices;
 mod drift;
+mod kubelet;
 mod placement;
 mod severity;
 mod vfio;
@@ -27,6 +28,7 @@ use crate::host::Host;
 use crate::idset::IdSet;
 use crate::intent::{Baseline, Mode, PodOverrides, Policy};
 use crate::kata::KataConfig;
+use crate::kubelet::KubeletView;
 use crate::request::{ContainerSpec, Resources};
 use crate::sysfs::Sysfs;
 use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
@@ -78,6 +80,9 @@ pub struct Request<'a> {
     pub kata: Option<&'a KataConfig>,
     /// What the VM actually got, for the observed VM rules.
     pub vm: Option<&'a VmView>,
+    /// What the kubelet said about the pod, when it was asked (`intent_source`): its
+    /// admission then is the intent, within `pod_overrides` of the pod's annotations.
+    pub kubelet: Option<&'a KubeletView>,
 }
 
 impl<'a> Request<'a> {
@@ -92,6 +97,7 @@ impl<'a> Request<'a> {
             overrides: Overrides::default(),
             kata: None,
             vm: None,
+            kubelet: None,
         }
     }
 }
@@ -133,6 +139,8 @@ pub fn failed_verdict(
         policy,
         mode,
         decision: Decision::Allow,
+        intent_source: crate::intent::IntentOrigin::default(),
+        kubelet: None,
         findings: check_failed(policy, defaults.fail_closed, reason)
             .into_iter()
             .chain(ignored.into_iter().filter_map(|f| {
@@ -202,6 +210,11 @@ impl<'h> Checker<'h> {
             mode: cx.mode,
             decision: Decision::Allow,
             findings: f.list,
+            intent_source: cx.origin,
+            kubelet: cx
+                .kubelet
+                .as_ref()
+                .map(crate::intent::KubeletIntent::reported),
         };
         verdict.decide();
         verdict
@@ -209,8 +222,13 @@ impl<'h> Checker<'h> {
 }
 
 /// The rule families, in the order their findings appear in a verdict.
-const FAMILIES: [fn(&Context<'_>, &mut Findings); 4] =
-    [placement::check, vfio::check, drift::check, vm::check];
+const FAMILIES: [fn(&Context<'_>, &mut Findings); 5] = [
+    kubelet::check,
+    placement::check,
+    vfio::check,
+    drift::check,
+    vm::check,
+];
 
 /// The findings of one check so far: each rule's finding is weighed by the severity table under
 /// the request's policy, and dropped when the policy does not report the rule.

@@ -36,10 +36,16 @@ impl Weight {
 /// unless the policy is best-effort. The pod's intent cannot be read: always an error, since
 /// the defaults stand in for it. The host changed, or nobody can tell (`vfio-locality-unknown`,
 /// `topology-drift`): never a refusal. A pod annotation ignored because it would weaken the
-/// node's configuration (`override-ignored`): worth a warning, never a refusal by itself.
+/// node's configuration (`override-ignored`), or a kubelet that gave no intent
+/// (`kubelet-intent-unavailable`: the annotations and baseline stand in): worth a warning,
+/// never a refusal by itself. What the kubelet admitted and the container no longer has
+/// (`kubelet-cpus-mismatch`, `kubelet-device-mismatch`): an error where the Topology Manager
+/// enforces alignment (restricted, single-numa-node), else a warning — under `none` too,
+/// since the CPU manager's and the device plugins' assignment holds whatever the alignment
+/// policy.
 /// Every rule is in exactly one row, checked when the crate compiles (below).
 #[rustfmt::skip]
-const TABLE: [(&[Rule], [Weight; 4]); 9] = {
+const TABLE: [(&[Rule], [Weight; 4]); 11] = {
     use Rule::*;
     use Weight::{Error, FailClosed, Off, Warning};
     [
@@ -53,7 +59,10 @@ const TABLE: [(&[Rule], [Weight; 4]); 9] = {
         (&[VfioLocalityUnknown, TopologyDrift],    [Off,        Warning,    Warning,    Warning]),
         (&[VcpuPinningLost, VcpuOverlap],          [Off,        Warning,    Warning,    Error]),
         (&[VcpuAffinityDrift, GuestNumaUncovered], [Off,        Warning,    Error,      Error]),
-        (&[OverrideIgnored],                       [Warning,    Warning,    Warning,    Warning]),
+        (&[OverrideIgnored,
+           KubeletIntentUnavailable],              [Warning,    Warning,    Warning,    Warning]),
+        (&[KubeletCpusMismatch],                   [Warning,    Warning,    Error,      Error]),
+        (&[KubeletDeviceMismatch],                 [Warning,    Warning,    Error,      Error]),
     ]
 };
 

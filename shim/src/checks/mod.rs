@@ -8,6 +8,7 @@
 
 mod announce;
 mod host;
+mod kubelet;
 mod observe;
 mod specs;
 mod store;
@@ -33,6 +34,7 @@ use slog::Logger;
 
 use crate::error::ShimError;
 use announce::Announcer;
+use kubelet::KubeletIntents;
 
 /// The longest a check waits for its daemon's first topology load, when that load is under
 /// way: a new pod's daemon loads the topology while the delegate starts, and on a fresh node
@@ -125,6 +127,8 @@ pub(crate) struct PodChecks {
     /// The delegate's pid, once it reported it: a VMM of this sandbox descends from it or
     /// sits in a cgroup naming the sandbox.
     delegate_pid: std::sync::OnceLock<u32>,
+    /// The pod's intent from the kubelet.
+    kubelet: KubeletIntents,
 }
 
 impl PodChecks {
@@ -176,6 +180,7 @@ impl PodChecks {
             announcer: Announcer::default(),
             observer: Observer::new(),
             sinks,
+            kubelet: KubeletIntents::new(&config),
             config,
             kata,
             delegate_pid: std::sync::OnceLock::new(),
@@ -322,10 +327,13 @@ impl PodChecks {
             (false, None) => Operation::Create,
         };
         let kata = self.kata.with_annotations(&spec.annotations);
+        // The pod's first create asks the kubelet; its containers' creates use the answer.
+        let kubelet = self.kubelet.view(&spec.pod, sandbox);
         let request = Request {
             baseline: existing.as_ref(),
             container_id: Some(task_id),
             kata: Some(&kata),
+            kubelet: kubelet.as_deref(),
             ..Request::create(&spec)
         };
         let mut verdict = self.run_check(&request, operation, None);
@@ -393,6 +401,10 @@ impl PodChecks {
                 .and_then(|n| self.store.baseline(&BaselineOf::Container(n)))
         };
         let kata = self.kata.with_annotations(&spec.annotations);
+        // A resize asks the kubelet again; a cpuset push (the CPU manager's reconcile, sent to
+        // every shared-pool container at once) is checked against what was kept.
+        let resize = matches!(class, UpdateClass::Resize | UpdateClass::Mixed);
+        let kubelet = self.kubelet.view(&spec.pod, resize);
         // Only static sizing needs the VM's real vCPU count to predict pinning. The count
         // comes from the VMM's vCPU fds: one look, no sampling of its threads (that waits,
         // and the request must not).
@@ -415,6 +427,7 @@ impl PodChecks {
             overrides: Overrides::default(),
             kata: Some(&kata),
             vm: vm.as_ref(),
+            kubelet: kubelet.as_deref(),
         };
         let mut verdict = self.run_check(&request, Operation::Update, Some(class));
         // The VM view informs the prediction (static sizing keeps the VM's vCPUs); what the
@@ -558,6 +571,8 @@ impl PodChecks {
             .container_name
             .clone()
             .and_then(|n| self.store.baseline(&BaselineOf::Container(n)));
+        // Off the request path, and never a question to the kubelet: what was kept.
+        let kubelet = self.kubelet.kept();
         let request = Request {
             spec: &spec,
             update: Some(&current),
@@ -567,6 +582,7 @@ impl PodChecks {
             overrides: Overrides::default(),
             kata: Some(&kata),
             vm: Some(&view),
+            kubelet: kubelet.as_deref(),
         };
         let mut verdict = self.run_check(&request, Operation::Update, Some(UpdateClass::Noop));
         verdict.container_id = Some(task_id.to_string());

@@ -51,9 +51,18 @@ pub(crate) fn pod_configured(
     )
     .expect("gpu");
     let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
+    // No kubelet unless a test brings one: a node's real socket is never asked.
+    let kubelet = if extra.contains("kubelet_pod_resources_socket") {
+        String::new()
+    } else {
+        format!(
+            "kubelet_pod_resources_socket = \"{}\"\n",
+            dir.path().join("no-kubelet.sock").display()
+        )
+    };
     let config = Config::parse(
         &format!(
-            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{extra}",
+            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{kubelet}{extra}",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
             tree.root().display(),
             state.display(),

@@ -367,3 +367,139 @@ fn a_pod_annotation_cannot_switch_the_nodes_enforcement_off() {
         );
     }
 }
+
+/// A kubelet that accepts and never answers costs a create and a resize the deadline and no
+/// more; each is checked against the annotations, with a `kubelet-intent-unavailable` warning
+/// saying why, and a cpuset push does not ask again.
+#[test]
+fn a_hung_kubelet_costs_the_deadline_and_a_warning() {
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let socket = sockets.path().join("kubelet.sock");
+    // Listening, never accepting: connections wait in the backlog, no answer comes.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let kubelet_config = sockets.path().join("config.yaml");
+    std::fs::write(&kubelet_config, "topologyManagerPolicy: restricted\n").expect("config");
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!(
+            "intent_source = \"kubelet\"\nkubelet_pod_resources_socket = \"{}\"\n\
+             kubelet_config = \"{}\"\nkubelet_timeout_ms = 100\n",
+            socket.display(),
+            kubelet_config.display()
+        ),
+        false,
+    );
+    let why = "did not answer within 100 ms";
+    let started = Instant::now();
+    p.create();
+    let create = started.elapsed();
+    let resize = r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#;
+    let started = Instant::now();
+    assert!(matches!(p.update(resize), Outcome::Forward(_)));
+    let update = started.elapsed();
+    for took in [create, update] {
+        assert!(took < Duration::from_millis(600), "{took:?}");
+    }
+    assert!(create >= Duration::from_millis(100), "{create:?}");
+    // The CPU manager's push: only the cpuset changes (to node 0, across the pod's intent).
+    let started = Instant::now();
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"0"}}"#),
+        Outcome::Forward(_)
+    ));
+    let push = started.elapsed();
+    let lines = p.lines();
+    let unavailable: Vec<_> = lines
+        .iter()
+        .filter(|l| l["rule"] == "kubelet-intent-unavailable")
+        .collect();
+    assert!(!unavailable.is_empty(), "{lines:#?}");
+    for l in &unavailable {
+        assert_eq!(l["severity"], "warning");
+        assert_eq!(l["intent_source"], "annotations");
+        assert!(l["msg"].as_str().is_some_and(|m| m.contains(why)), "{l}");
+    }
+    // The cross-node push is still caught, against the pod's annotation.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["rule"] == "cpu-outside-intent" && l["intent_source"] == "annotations"),
+        "{lines:#?}"
+    );
+    // The push asked nothing: no deadline spent on it.
+    assert!(push < Duration::from_millis(100), "{push:?}");
+}
+
+/// With a kubelet that answers, the pod's intent is what it admitted: every line says
+/// `intent_source: kubelet` with the kubelet's report nested; a cpuset push off the exclusive
+/// CPUs is `kubelet-cpus-mismatch`. The kubelet is asked once at the create, not at the push,
+/// and again at a resize.
+#[test]
+fn the_kubelet_is_the_intent_and_is_asked_at_creates_and_resizes_only() {
+    use kata_topo_kubelet::fake::FakeKubelet;
+    use kata_topo_kubelet::v1;
+    let gpu_node_1 = v1::TopologyInfo {
+        nodes: vec![v1::NumaNode { id: 1 }],
+    };
+    let kubelet = FakeKubelet::answering(v1::PodResources {
+        name: "pod".into(),
+        namespace: "ns".into(),
+        containers: vec![v1::ContainerResources {
+            name: "app".into(),
+            cpu_ids: vec![1],
+            devices: vec![v1::ContainerDevices {
+                resource_name: "kata-topo.io/vfio".into(),
+                device_ids: vec!["0000:b7:00.0".into()],
+                topology: Some(gpu_node_1),
+            }],
+            ..Default::default()
+        }],
+    });
+    let kubelet_config = kubelet.dir().join("config.yaml");
+    std::fs::write(
+        &kubelet_config,
+        "cpuManagerPolicy: static\ntopologyManagerPolicy: restricted\n",
+    )
+    .expect("config");
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!(
+            "kubelet_pod_resources_socket = \"{}\"\nkubelet_config = \"{}\"\n",
+            kubelet.socket().display(),
+            kubelet_config.display()
+        ),
+        false,
+    );
+    p.create();
+    assert_eq!(kubelet.calls(), 1);
+    // The CPU manager's push to node 0: checked against the answer kept.
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"0"}}"#),
+        Outcome::Forward(_)
+    ));
+    assert_eq!(kubelet.calls(), 1, "a cpuset push asks nothing");
+    let lines = p.lines();
+    let mismatch = lines
+        .iter()
+        .find(|l| l["rule"] == "kubelet-cpus-mismatch")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(mismatch["severity"], "error");
+    assert_eq!(mismatch["intent_source"], "kubelet");
+    assert_eq!(mismatch["kubelet"]["cpus"], "1");
+    assert_eq!(mismatch["kubelet"]["topology_manager_policy"], "restricted");
+    assert_eq!(mismatch["expected"]["cpus"], "1");
+    assert!(lines
+        .iter()
+        .filter(|l| l["event"] == "finding")
+        .all(|l| l["intent_source"] == "kubelet"));
+    // A resize asks again.
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#),
+        Outcome::Forward(_)
+    ));
+    assert_eq!(kubelet.calls(), 2);
+}

@@ -1,0 +1,221 @@
+//! The client against a fake kubelet on a unix socket in a temporary directory: one that
+//! answers (at once, or late), one that accepts and never answers, one that closes, one that
+//! speaks garbage, one that answers with a gRPC error.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+
+use super::*;
+use crate::fake::{Behaviour, FakeKubelet};
+
+impl FakeKubelet {
+    fn client(&self, timeout: Duration) -> PodResourcesClient {
+        PodResourcesClient::new(self.socket(), timeout).with_owner(Some(own_uid()))
+    }
+}
+
+fn own_uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .expect("own uid")
+}
+
+/// The kubelet's answer to `Get` for a Guaranteed pod with one exclusive CPU, memory on node
+/// 1 and a VFIO device on node 1.
+fn guaranteed_pod() -> v1::PodResources {
+    v1::PodResources {
+        name: "guaranteed".into(),
+        namespace: "default".into(),
+        containers: vec![v1::ContainerResources {
+            name: "app".into(),
+            cpu_ids: vec![1],
+            memory: vec![v1::ContainerMemory {
+                memory_type: "memory".into(),
+                size: 1 << 30,
+                topology: Some(v1::TopologyInfo {
+                    nodes: vec![v1::NumaNode { id: 1 }],
+                }),
+            }],
+            devices: vec![v1::ContainerDevices {
+                resource_name: "kata-topo.io/vfio".into(),
+                device_ids: vec!["0000:81:00.0".into()],
+                topology: Some(v1::TopologyInfo {
+                    nodes: vec![v1::NumaNode { id: 1 }],
+                }),
+            }],
+            dynamic_resources: Vec::new(),
+        }],
+    }
+}
+
+fn get_answer() -> Vec<u8> {
+    v1::GetPodResourcesResponse {
+        pod_resources: Some(guaranteed_pod()),
+    }
+    .encode_to_vec()
+}
+
+const TIMEOUT: Duration = Duration::from_millis(300);
+
+#[test]
+fn gets_a_pod_from_a_kubelet_that_answers() {
+    let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
+    let client = kubelet.client(TIMEOUT);
+    let pod = client.get("default", "guaranteed").expect("answers");
+    assert_eq!(pod, guaranteed_pod());
+    // And again: nothing of the first call stays behind.
+    assert_eq!(client.get("default", "guaranteed").expect("answers"), pod);
+}
+
+#[test]
+fn lists_pods() {
+    let list = v1::ListPodResourcesResponse {
+        pod_resources: vec![guaranteed_pod(), v1::PodResources::default()],
+    };
+    let kubelet = FakeKubelet::start(Behaviour::Answer(list.encode_to_vec(), Duration::ZERO));
+    assert_eq!(kubelet.client(TIMEOUT).list().expect("answers"), list);
+}
+
+#[test]
+fn a_hung_kubelet_costs_the_deadline_and_no_more() {
+    let kubelet = FakeKubelet::start(Behaviour::Hung);
+    let started = Instant::now();
+    let e = kubelet
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("no answer");
+    let took = started.elapsed();
+    assert_eq!(e, KubeletError::Timeout(300));
+    assert!(
+        took >= TIMEOUT && took < TIMEOUT + Duration::from_millis(200),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn a_slow_kubelet_is_a_timeout_and_a_prompt_one_an_answer() {
+    let slow = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::from_secs(2)));
+    let started = Instant::now();
+    let e = slow
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("too late");
+    assert_eq!(e.kind(), "timeout");
+    assert!(started.elapsed() < TIMEOUT + Duration::from_millis(200));
+    let prompt = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::from_millis(50)));
+    assert!(prompt.client(TIMEOUT).get("default", "p").is_ok());
+}
+
+#[test]
+fn a_closed_connection_is_said_at_once() {
+    let kubelet = FakeKubelet::start(Behaviour::Close);
+    let started = Instant::now();
+    let e = kubelet
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("closed");
+    assert!(matches!(e.kind(), "closed" | "protocol"), "{e}");
+    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_garbage_speaking_socket_is_not_grpc() {
+    let kubelet = FakeKubelet::start(Behaviour::Garbage);
+    let e = kubelet
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("garbage");
+    assert!(matches!(e.kind(), "protocol" | "closed"), "{e}");
+    // An answer that is gRPC but not a PodResources message.
+    let kubelet = FakeKubelet::start(Behaviour::Answer(vec![0xff; 7], Duration::ZERO));
+    let e = kubelet
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("garbage");
+    assert_eq!(e.kind(), "garbage", "{e}");
+}
+
+#[test]
+fn a_grpc_error_names_its_status() {
+    let kubelet = FakeKubelet::start(Behaviour::Status(5, "pod p in namespace default not found"));
+    let e = kubelet
+        .client(TIMEOUT)
+        .get("default", "p")
+        .expect_err("not found");
+    assert_eq!(
+        e,
+        KubeletError::Status {
+            code: 5,
+            message: "pod p in namespace default not found".into()
+        }
+    );
+}
+
+#[test]
+fn refuses_what_is_not_the_owners_socket() {
+    let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
+    let socket = kubelet.dir().join("kubelet.sock");
+    let other = PodResourcesClient::new(&socket, TIMEOUT).with_owner(Some(own_uid() + 1));
+    let e = other.get("default", "p").expect_err("not the owner's");
+    assert_eq!(e.kind(), "untrusted");
+    assert!(e.to_string().contains("owned by uid"), "{e}");
+    // A link to the real socket is not followed.
+    let link = kubelet.dir().join("link.sock");
+    std::os::unix::fs::symlink(&socket, &link).expect("symlink");
+    let e = PodResourcesClient::new(&link, TIMEOUT)
+        .with_owner(None)
+        .get("default", "p")
+        .expect_err("a link");
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    // A regular file is not a socket.
+    let file = kubelet.dir().join("file");
+    std::fs::write(&file, b"").expect("file");
+    let e = PodResourcesClient::new(&file, TIMEOUT)
+        .with_owner(None)
+        .get("default", "p")
+        .expect_err("a file");
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    let missing = PodResourcesClient::new(kubelet.dir().join("none"), TIMEOUT);
+    assert!(!missing.socket_exists());
+    assert_eq!(missing.get("default", "p"), Err(KubeletError::Missing));
+}
+
+#[test]
+fn asking_gives_the_admission_or_why_not() {
+    use kata_topo_core::kubelet::{KubeletView, TopologyScope};
+    let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
+    let config = kubelet.dir().join("config.yaml");
+    std::fs::write(
+        &config,
+        "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
+    )
+    .expect("config");
+    let client = kubelet.client(TIMEOUT);
+    match crate::ask(&client, &config, "default", "guaranteed") {
+        KubeletView::Admitted { pod, settings } => {
+            assert_eq!(settings.topology_manager_scope, TopologyScope::Pod);
+            let app = pod.container("app").expect("app");
+            assert_eq!(app.cpu_ids.to_string(), "1");
+            assert_eq!(app.memory_nodes().to_string(), "1");
+            assert_eq!(app.devices[0].numa_nodes.to_string(), "1");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The answer is for another pod than asked: not used.
+    assert!(matches!(
+        crate::ask(&client, &config, "default", "other"),
+        KubeletView::Unavailable { reason } if reason.contains("default/guaranteed")
+    ));
+    // Without the kubelet's configuration, no policy to apply: unavailable, saying so.
+    assert!(matches!(
+        crate::ask(&client, &kubelet.dir().join("none.yaml"), "default", "guaranteed"),
+        KubeletView::Unavailable { reason } if reason.contains("configuration")
+    ));
+    let hung = FakeKubelet::start(Behaviour::Hung);
+    assert!(matches!(
+        crate::ask(&hung.client(TIMEOUT), &config, "default", "guaranteed"),
+        KubeletView::Unavailable { reason } if reason.contains("did not answer within 300 ms")
+    ));
+}
