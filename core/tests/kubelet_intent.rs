@@ -278,6 +278,13 @@ fn the_scope_decides_the_nodes_of_a_container_without_its_own() {
     let container = admitted(Policy::Restricted, TopologyScope::Container, "1");
     let v = check(stricter_only(), &sidecar, None, &container);
     assert_eq!(rules(&v), vec![], "{:#?}", v.findings);
+    // Nor does the Topology Manager's policy apply to it: under single-numa-node the real
+    // kubelet runs a shared-pool container on the whole pool, across nodes (make k8s-test).
+    let single = admitted(Policy::SingleNumaNode, TopologyScope::Container, "1");
+    let v = check(stricter_only(), &sidecar, None, &single);
+    assert_eq!(rules(&v), vec![], "{:#?}", v.findings);
+    assert_eq!(v.policy, Policy::Restricted);
+    assert_ne!(v.intent_source, IntentOrigin::Kubelet);
     // A container the kubelet does not list (an init container): annotations and baseline.
     let mut init = spec().cpus("0-1").build();
     init.container_name = Some("init".into());

@@ -105,7 +105,14 @@ impl<'r> Context<'r> {
                     ContainerKind::Sandbox => None,
                     _ => spec.container_name.as_deref(),
                 };
-                (KubeletIntent::resolve(pod, settings, container, host), None)
+                // A container the kubelet gave nothing of its own to align (the shared pool:
+                // no exclusive CPUs, memory or devices, scope `container`) was not placed by
+                // the Topology Manager, whose policy then does not apply to it (the real
+                // kubelet admits such a container on every CPU of the pool, across nodes).
+                let admitted = KubeletIntent::resolve(pod, settings, container, host).filter(|k| {
+                    k.numa_nodes.is_some() || k.cpus.is_some() || !k.devices.is_empty()
+                });
+                (admitted, None)
             }
             Some(KubeletView::Unavailable { reason }) => (None, Some(reason.clone())),
             None => (None, None),
