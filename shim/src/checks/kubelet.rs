@@ -7,9 +7,11 @@
 //! change with them), so a node's pods ask the kubelet at their creation and their resizes
 //! only. The kubelet's PodResources server allows 100 calls a second with a burst of 10
 //! across all its clients; a hundred pods each asking once at creation and once per resize
-//! stay far below it. A pod the kubelet does not answer for keeps the answer it got before,
-//! when it got one: what was admitted does not change because the kubelet restarts. A pod
-//! the kubelet gave no answer for keeps that too until its next resize.
+//! stay far below it. When the kubelet does not answer, the request that asked falls back to
+//! the annotations and the baseline with a `kubelet-intent-unavailable` warning naming why,
+//! and the answer it gave before, if any, stays kept for the requests that do not ask: what
+//! was admitted does not change because the kubelet restarts. A pod the kubelet gave no
+//! answer for keeps that until its next resize.
 
 use std::sync::{Arc, Mutex};
 
@@ -50,16 +52,13 @@ impl KubeletIntents {
         if let (false, Some(v)) = (ask, kept.as_ref()) {
             return Some(Arc::clone(v));
         }
-        let answer = kata_topo_kubelet::intent_for(&self.config, pod)?;
-        let usable = kept
+        let answer = Arc::new(kata_topo_kubelet::intent_for(&self.config, pod)?);
+        let admitted_before = kept
             .as_ref()
-            .filter(|v| matches!(***v, KubeletView::Admitted { .. }))
-            .cloned();
-        let view = match (answer, usable) {
-            (KubeletView::Unavailable { .. }, Some(before)) => before,
-            (answer, _) => Arc::new(answer),
-        };
-        *kept = Some(Arc::clone(&view));
-        Some(view)
+            .is_some_and(|v| matches!(**v, KubeletView::Admitted { .. }));
+        if matches!(*answer, KubeletView::Admitted { .. }) || !admitted_before {
+            *kept = Some(Arc::clone(&answer));
+        }
+        Some(answer)
     }
 }
