@@ -15,7 +15,7 @@
 set -euo pipefail
 
 STEPS=(node guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
-  kubelet-containerd-restart pool-grows cleanup)
+  kubelet-containerd-restart pool-grows kubelet-stopped cleanup)
 
 if [ "${1:-}" = --list-steps ]; then
   printf '%s\n' "${STEPS[@]}"
@@ -87,8 +87,11 @@ state_dir = "${state}"
 log_file = "${log}"
 metrics_dir = "${metrics}"
 topology_refresh_seconds = 5
-# The scenario's pods carry kata-topo's annotations; the kubelet's own intent is not its subject.
-intent_source = "annotations"
+# intent_source is the default, auto: the kubelet's PodResources socket is there, so a pod's
+# intent is what the kubelet admitted. Under TCG the emulated kubelet answers in tens to
+# hundreds of milliseconds (a real node's, in under 2): the longest wait allowed, not the
+# default 100 ms.
+kubelet_timeout_ms = 2000
 EOF
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
   # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x.
@@ -159,18 +162,19 @@ EOF
 
 kubelet_pid=""
 start_kubelet() {
-  "${k8s}/kubelet" --config "${run}/kubelet.yaml" --kubeconfig "${results}/k8s/kubelet.kubeconfig" \
+  "${k8s}/kubelet" --config "${kubelet_root}/config.yaml" --kubeconfig "${results}/k8s/kubelet.kubeconfig" \
     --root-dir "${kubelet_root}" --hostname-override "${node}" --node-ip 10.0.2.15 --v 2 \
     < /dev/null >> "${results}/kubelet.log" 2>&1 &
   kubelet_pid=$!
 }
 
-# The kubelet of a NUMA node: static CPU manager with CPU 0 reserved (allocatable: CPU 1, on
+# The kubelet of a NUMA node, its configuration where kubeadm puts it (and where the wrapper
+# reads the Topology Manager's policy and scope by default): static CPU manager with CPU 0 reserved (allocatable: CPU 1, on
 # node 1), single-numa-node Topology Manager, Static memory manager (node 0 holds the reserved
 # memory); no server port (nothing on the host dials the node), eviction thresholds low enough
 # for a tmpfs root.
 setup_kubelet() {
-  cat > "${run}/kubelet.yaml" << EOF
+  cat > "${kubelet_root}/config.yaml" << EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 enableServer: false
@@ -241,9 +245,7 @@ pod() {
 kind: Pod
 metadata:
   name: ${name}
-  annotations:
-    kata-topo.io/test: k8s-test
-${annotations}spec:
+${annotations:+  annotations:\n}${annotations}spec:
   nodeName: ${node}
   runtimeClassName: kata-topo
   hostNetwork: true
@@ -316,7 +318,7 @@ step_node() {
   local cpu vfio tm
   cpu=$(k get node "${node}" -o jsonpath='{.status.allocatable.cpu}')
   vfio=$(k get node "${node}" -o jsonpath='{.status.allocatable.kata-topo\.io/vfio}')
-  tm=$(grep -o 'topologyManagerPolicy: [a-z-]*' "${run}/kubelet.yaml")
+  tm=$(grep -o 'topologyManagerPolicy: [a-z-]*' "${kubelet_root}/config.yaml")
   local detail
   detail="kubectl get node ${node}: allocatable cpu ${cpu}, kata-topo.io/vfio ${vfio}; ${tm}; $(cat "${results}/k8s/kubelet.version"); RuntimeClass $(k get runtimeclass kata-topo -o jsonpath='{.handler}')"
   if [ "${cpu}" = 1 ] && [ "${vfio}" = 1 ]; then
@@ -350,12 +352,19 @@ step_guaranteed_admission() {
   dev=$(k get pod kt-gpu -o jsonpath='{.spec.containers[0].resources.limits.kata-topo\.io/vfio}')
   alloc=$(baseline_of kt-gpu | jq -r '[.devices[] | "\(.path) (\(.bus_id), node \(.numa_nodes // "unknown"))"] | join(", ")' 2> /dev/null || true)
   rules=$(rules_since "${mark}" '.pod_name == "kt-gpu"')
+  # The pod has no kata-topo annotation: its intent is what the kubelet admitted.
+  local v intent
+  v=$(verdict_of kt-gpu)
+  intent=$(jq -c '{intent_source, policy, kubelet: (.kubelet // {} | {cpus, numa_nodes, memory_nodes, devices: [.devices[]?.device_ids[]]})}' <<< "${v:-null}" 2> /dev/null || echo null)
   local detail
-  detail="kubectl: kt-gpu Ready, QoS $(k get pod kt-gpu -o jsonpath='{.status.qosClass}'), kata-topo.io/vfio ${dev}; runs on CPU ${cpus}; VFIO in its baseline: ${alloc:-none}"
-  if [ -z "${rules}" ] && [ "${cpus}" = 1 ] && [ -n "${alloc}" ]; then
+  detail="kubectl: kt-gpu Ready, QoS $(k get pod kt-gpu -o jsonpath='{.status.qosClass}'), kata-topo.io/vfio ${dev}; runs on CPU ${cpus}; VFIO in its baseline: ${alloc:-none}; intent: ${intent}"
+  if [ -z "${rules}" ] && [ "${cpus}" = 1 ] && [ -n "${alloc}" ] \
+    && jq -e --arg nic "${nic}" '.intent_source == "kubelet" and .policy == "single-numa-node"
+        and .kubelet.cpus == "1" and .kubelet.numa_nodes == "1"
+        and ([.kubelet.devices[]?.device_ids[]] | index($nic) != null)' <<< "${v:-null}" > /dev/null; then
     record guaranteed-admission true "" "${detail}"
   else
-    record guaranteed-admission false "${rules}" "expected CPU 1, the NIC in its baseline and no finding: ${detail}"
+    record guaranteed-admission false "${rules}" "expected CPU 1, the NIC in its baseline, no finding and the kubelet's admission as the intent: ${detail}"
   fi
 }
 
@@ -527,6 +536,33 @@ step_pool_grows() {
   fi
 }
 
+# The kubelet stopped (SIGSTOP: its PodResources socket accepts and never answers) while a
+# resize arrives through CRI: the update waits at most kubelet_timeout_ms (2 s here) for it,
+# goes through, and says why the kubelet's intent is missing.
+step_kubelet_stopped() {
+  local id mark rc=0 t0 t1 ms rules mib
+  id=$(k get pod kt-late -o jsonpath='{.status.containerStatuses[0].containerID}')
+  id=${id#containerd://}
+  mib=$(($(node0_mib) + 384))
+  kill -STOP "${kubelet_pid}" 2> /dev/null || { record kubelet-stopped false "" "no kubelet to stop"; return 1; }
+  mark=$(log_mark)
+  t0=$(date +%s%N)
+  cri update "${id}" --cpus 0-1 --memory $((mib << 20)) 2> "${run}/err" || rc=$?
+  t1=$(date +%s%N)
+  kill -CONT "${kubelet_pid}" 2> /dev/null || true
+  ms=$(((t1 - t0) / 1000000))
+  poll 20 logged_since "${mark}" 'kubelet-intent-unavailable' || true
+  rules=$(rules_since "${mark}" '.pod_name == "kt-late" and .operation == "update"')
+  local why detail
+  why=$(tail -n "+$((mark + 1))" "${log}" | jq -R -r 'fromjson? | select(.rule == "kubelet-intent-unavailable") | .msg' | head -n 1)
+  detail="kubelet stopped; kt-late resized to ${mib}Mi through CRI in ${ms} ms (the whole CRI call under TCG), exit ${rc}$( [ -s "${run}/err" ] && echo " ($(head -c 200 "${run}/err"))"); ${why}"
+  if [ "${rc}" = 0 ] && grep -qw kubelet-intent-unavailable <<< "${rules}"; then
+    record kubelet-stopped true "${rules}" "${detail}"
+  else
+    record kubelet-stopped false "${rules}" "expected the update through with kubelet-intent-unavailable: ${detail}"
+  fi
+}
+
 # (g) Every pod deleted with kubectl: nothing left. Also: the enforce pod's refused resize,
 # retried by the kubelet all along (about once a second), was announced once.
 step_cleanup() {
@@ -579,6 +615,7 @@ main() {
   step_container_restart || true
   step_kubelet_containerd_restart || true
   step_pool_grows || true
+  step_kubelet_stopped || true
   step_cleanup || true
   fail_rest "the step ended without recording a result"
   for p in "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
