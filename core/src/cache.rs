@@ -40,6 +40,7 @@ use crate::files::Dir;
 use crate::host::{Bdf, Host, HostError, Locality, TopologySource, MAX_XML_BYTES};
 use crate::idset::IdSet;
 use crate::sysfs::{Sysfs, SysfsError};
+use crate::text::error_chain;
 use crate::wait::Progress;
 
 /// The prefix of the cache files in `state_dir`.
@@ -854,16 +855,6 @@ pub fn discovering(root: &Path) -> String {
         root.join("sys").display(),
         root.join("proc").display()
     )
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

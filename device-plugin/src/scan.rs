@@ -233,17 +233,8 @@ fn iommufd_devices(sysfs: &Sysfs, skipped: &mut Vec<Skipped>) -> BTreeMap<Bdf, S
     map
 }
 
-/// An error and its sources, `: `-separated, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+/// An error and its sources, `: `-separated, on one line (the core's, one for the project).
+pub use kata_topo_core::text::error_chain;
 
 #[cfg(test)]
 mod tests {
