@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make k8s: kubelet, kube-apiserver and kubectl at the k8s.io/kubernetes version this module
-# requires, and a one-member etcd (etcd/, over go.etcd.io/etcd/server/v3/embed), built from the
+# requires, a one-member etcd (etcd/, over go.etcd.io/etcd/server/v3/embed) and podresources
+# (podresources/: the kubelet's PodResources answer as JSON, for recording), built from the
 # Go module proxy with the local Go toolchain, pinned by go.sum, into a cache outside the work
 # tree (KT_K8S_CACHE, default ~/.cache/kata-topo/k8s): see tools/go-build.sh.
 #
@@ -16,7 +17,7 @@ version=$(go_required "${here}" k8s.io/kubernetes)
 [ -n "${version}" ] || die "go.mod requires no k8s.io/kubernetes version"
 
 build() {
-  say "building kubelet, kube-apiserver, kubectl ${version} and etcd with ${go_version}; a first build takes about 5 min on 2 cores and fills 3 GB of Go build cache"
+  say "building kubelet, kube-apiserver, kubectl ${version}, etcd and podresources with ${go_version}; a first build takes about 5 min on 2 cores and fills 3 GB of Go build cache"
   # The version the upstream build stamps (hack/lib/version.sh), so --version tells the truth.
   local date major minor ldflags pkg
   date=$(go_module_time "k8s.io/kubernetes@${version}")
@@ -31,12 +32,12 @@ build() {
   done
   (cd "${here}" && go build -trimpath -ldflags "${ldflags}" -o "$1/" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kubectl ./etcd)
+    k8s.io/kubernetes/cmd/kubectl ./etcd ./podresources)
 }
 
-bins=(kubelet kube-apiserver kubectl etcd)
+bins=(kubelet kube-apiserver kubectl etcd podresources)
 go_cached_build "${KT_K8S_CACHE:-$(go_cache_root)/k8s}" "${version}" "${bins[*]}" build \
-  "${here}/go.mod" "${here}/go.sum" "${here}/build.sh" "${here}"/etcd/*.go
+  "${here}/go.mod" "${here}/go.sum" "${here}/build.sh" "${here}"/etcd/*.go "${here}"/podresources/*.go
 for b in "${bins[@]}"; do
   case "${b}" in
     kubectl) v=$("${go_build_out}/bin/${b}" version --client 2> /dev/null | sed -n 1p) || v="" ;;

@@ -307,3 +307,29 @@ fn the_recorded_answer_reads_as_the_kubelet_gives_it() {
     let shared = pods[1].container("app").expect("shared-pool app");
     assert!(shared.cpu_ids.is_empty());
 }
+
+/// What the real kubelet answered in `make k8s-test` (`List`, recorded by the kubelet's own
+/// client): the Guaranteed pod's exclusive CPU, its memory node and its device with the
+/// device plugin's topology hint; the shared-pool pod with nothing of its own.
+#[test]
+fn the_real_kubelets_answer_reads_as_it_admitted() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pod-resources/kubelet-v1.36.3-list.json");
+    let pods = PodAdmission::from_json(&std::fs::read_to_string(path).expect("fixture"))
+        .expect("the real kubelet's answer decodes");
+    let pod = |name: &str| {
+        pods.iter()
+            .find(|p| p.name == name && p.namespace == "default")
+            .unwrap_or_else(|| panic!("{name} in {pods:#?}"))
+    };
+    let gpu = pod("kt-gpu").container("app").expect("kt-gpu's app");
+    assert_eq!(gpu.cpu_ids, set("1"));
+    assert_eq!(gpu.memory_nodes(), set("1"));
+    assert_eq!(gpu.devices.len(), 1);
+    assert_eq!(gpu.devices[0].resource_name, "kata-topo.io/vfio");
+    assert_eq!(gpu.devices[0].device_ids, ["0000:81:00.0"]);
+    assert_eq!(gpu.device_nodes(), set("1"));
+    let shared = pod("kt-shared").container("app").expect("kt-shared's app");
+    assert!(shared.cpu_ids.is_empty() && shared.devices.is_empty());
+    assert!(shared.memory_nodes().is_empty());
+}

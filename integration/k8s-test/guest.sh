@@ -352,6 +352,9 @@ step_guaranteed_admission() {
   dev=$(k get pod kt-gpu -o jsonpath='{.spec.containers[0].resources.limits.kata-topo\.io/vfio}')
   alloc=$(baseline_of kt-gpu | jq -r '[.devices[] | "\(.path) (\(.bus_id), node \(.numa_nodes // "unknown"))"] | join(", ")' 2> /dev/null || true)
   rules=$(rules_since "${mark}" '.pod_name == "kt-gpu"')
+  # What the kubelet's PodResources API reports now (kept as a recording of the real kubelet).
+  "${k8s}/podresources" > "${results}/pod-resources-list.json" 2> /dev/null || true
+  "${k8s}/podresources" --allocatable > "${results}/pod-resources-allocatable.json" 2> /dev/null || true
   # The pod has no kata-topo annotation: its intent is what the kubelet admitted.
   local v intent
   v=$(verdict_of kt-gpu)
