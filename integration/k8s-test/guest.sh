@@ -22,23 +22,12 @@ if [ "${1:-}" = --list-steps ]; then
   exit 0
 fi
 
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-ws=/kata-topo
-results=/vm-test-results
-run=/run/kata-topo-vm
-bin=${ws}/target/debug
-sock=/run/containerd/containerd.sock
-log=/var/log/kata-topo.log
-state=/run/kata-topo
-metrics=/var/lib/prometheus/node-exporter
+# shellcheck source=integration/vm-test/guest-lib.sh
+. /kata-topo/integration/vm-test/guest-lib.sh
 k8s=/opt/k8s
 node=kata-topo-vm
 kubelet_root=/var/lib/kubelet
 containerd_bin=""
-export KT_CRI_DIR=${run}/cri
-
-# shellcheck source=integration/vm-test/guest-lib.sh
-. "${ws}/integration/vm-test/guest-lib.sh"
 
 k() { timeout 60 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig" "$@"; }
 

@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Shared by the guests of make vm-test and make k8s-test (sourced by their guest.sh): the
-# console lines, PID 1's hand-over, the results file, the wrapper's log, the cgroup and VFIO
-# set-up, and the leftovers check. The sourcing script sets STEPS, ws, results, run, bin,
-# sock, log, state and metrics first.
-# shellcheck disable=SC2154,SC2034 # the variables above and setup_error are the sourcing script's
+# guest's paths, the console lines, PID 1's hand-over, the results file, the wrapper's log,
+# the cgroup and VFIO set-up, and the leftovers check. The sourcing script sets STEPS first.
+# shellcheck disable=SC2154,SC2034 # STEPS is the sourcing script's; these are its to use
 set -euo pipefail
+
+# The guest's paths: the workspace and the results (9p shares), the binaries under test, and
+# the node's containerd, wrapper log, state and metrics at their standard places.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ws=/kata-topo
+results=/vm-test-results
+run=/run/kata-topo-vm
+bin=${ws}/target/debug
+sock=/run/containerd/containerd.sock
+log=/var/log/kata-topo.log
+state=/run/kata-topo
+metrics=/var/lib/prometheus/node-exporter
+export KT_CRI_DIR=${run}/cri
 
 say() { echo "guest: [$(cut -d ' ' -f 1 /proc/uptime) s] $*"; }
 

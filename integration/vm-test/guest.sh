@@ -20,19 +20,8 @@ if [ "${1:-}" = --list-steps ]; then
   exit 0
 fi
 
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-ws=/kata-topo
-results=/vm-test-results
-run=/run/kata-topo-vm
-bin=${ws}/target/debug
-sock=/run/containerd/containerd.sock
-log=/var/log/kata-topo.log
-state=/run/kata-topo
-metrics=/var/lib/prometheus/node-exporter
-export KT_CRI_DIR=${run}/cri
-
 # shellcheck source=integration/vm-test/guest-lib.sh
-. "${ws}/integration/vm-test/guest-lib.sh"
+. /kata-topo/integration/vm-test/guest-lib.sh
 
 containerd_pid=""
 setup_containerd() {
