@@ -51,7 +51,7 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test \
+.PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record \
 	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
@@ -80,6 +80,7 @@ help:
 	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
+	@echo "make k8s-record - the real kubelet's PodResources answers under every Topology Manager policy and scope, kept as test fixtures"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update; the only target that installs
@@ -221,6 +222,21 @@ k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2
 	[ -x $(CONTAINERD2_BIN)/containerd ] || echo "NOT RUN: k8s-test with containerd 2.3.4 (no archive at $(CONTAINERD2_ARCHIVE))"; \
 	echo "== make k8s-test took $$(( $$(date +%s) - start )) s"; \
 	echo "k8s-test: $$passed/$$total steps pass"; [ $$rc = 0 ] && [ $$passed = $$total ] && [ $$total -gt 0 ]
+
+# The real kubelet's PodResources answers under every Topology Manager policy and scope, with
+# and without a device (integration/k8s-record/guest.sh), copied into
+# core/tests/fixtures/pod-resources/kubelet-VERSION/ for the unit tests. Not in make test: it
+# checks nothing, it records; run it after moving to another Kubernetes release.
+K8S_RECORDINGS = core/tests/fixtures/pod-resources
+k8s-record: deps build-all k8s
+	@$(TIMED) bins=$$(bash k8s/build.sh 2> /dev/null | tail -n 1); \
+	timed "k8s-record" "KT_K8S_BIN=$$bins KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-1500} bash integration/vm-test/run.sh k8s-record" || exit 1; \
+	v=$$(sed -n 's/^Kubernetes //p' target/k8s-record/guest/recordings/kubelet.version); \
+	[ -n "$$v" ] || { echo "k8s-record: no kubelet version recorded" >&2; exit 1; }; \
+	rm -rf $(K8S_RECORDINGS)/kubelet-$$v; mkdir -p $(K8S_RECORDINGS)/kubelet-$$v; \
+	cp target/k8s-record/guest/recordings/*.json target/k8s-record/guest/recordings/*.yaml \
+	  target/k8s-record/guest/recordings/topology.xml $(K8S_RECORDINGS)/kubelet-$$v/; \
+	echo "k8s-record: $$(ls $(K8S_RECORDINGS)/kubelet-$$v | wc -l) files in $(K8S_RECORDINGS)/kubelet-$$v"
 
 # deps once, then each leg in this order.
 test: deps lint alerts-test unit integration vm-test k8s-test

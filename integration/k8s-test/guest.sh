@@ -618,6 +618,8 @@ main() {
 
 case "${1:-}" in
   --scenario) main ;;
+  # Sourced by another scenario's guest.sh (make k8s-record) for the node's set-up.
+  --functions) ;;
   *)
     echo "guest.sh runs as PID 1 of the k8s-test guest (make k8s-test); --list-steps lists its steps" >&2
     exit 2
