@@ -8,10 +8,12 @@ use std::fmt;
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent, Mode, Policy};
+use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent};
 use crate::kubelet::KubeletView;
+use crate::policy::{Mode, Policy};
 use crate::request::{ContainerKind, Resources};
-use crate::verdict::{Finding, Operation, UpdateClass};
+use crate::rule::Finding;
+use crate::verdict::{Operation, UpdateClass};
 
 use super::devices::Device;
 use super::{Checker, Request};
@@ -218,9 +220,10 @@ impl<'r> Context<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::{Defaults, Overrides};
+    use crate::check::Overrides;
     use crate::host::TopologySource;
     use crate::intent::{Baseline, BASELINE_VERSION};
+    use crate::policy::Defaults;
     use crate::request::ContainerSpec;
 
     fn host(name: &str) -> Host {
@@ -296,7 +299,7 @@ mod tests {
         let host = host("nvidiaDGX2.xml");
         // A node that lets pods weaken its policy: the pod's `none` applies.
         let any = Defaults {
-            pod_overrides: crate::intent::PodOverrides::Any,
+            pod_overrides: crate::policy::PodOverrides::Any,
             ..Defaults::default()
         };
         let checker = Checker::new(&host, None, any);

@@ -1,8 +1,9 @@
 //! The rules: one request (create, recreate or update) against the pod's intent, its baseline
 //! and the host as it is now, giving a [`Verdict`].
 //!
-//! - `severity.rs`, the severity policy: one table from rule × policy to severity, read through
-//!   [`severity()`]; the "Severity by policy" table of `docs/rules.md` is tested against it.
+//! - the severity policy is not here but in [`crate::rule`] (`rule/severity.rs`): one table from
+//!   rule × policy to severity, read through [`severity()`]; the "Severity by policy" table of
+//!   `docs/rules.md` is tested against it.
 //! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
 //!   the allowed NUMA nodes and what says so, where the CPUs are, the devices), worked out once
 //!   before any rule runs.
@@ -18,7 +19,6 @@ mod devices;
 mod drift;
 mod kubelet;
 mod placement;
-mod severity;
 mod vfio;
 mod vm;
 
@@ -26,31 +26,17 @@ use serde_json::{json, Value};
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Mode, PodOverrides, Policy};
+use crate::intent::Baseline;
 use crate::kata::KataConfig;
 use crate::kubelet::KubeletView;
+use crate::policy::{Defaults, Mode, Policy};
 use crate::request::{ContainerSpec, Resources};
+use crate::rule::{severity, Finding, Rule};
 use crate::sysfs::Sysfs;
-use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
+use crate::verdict::{Decision, Operation, Verdict};
 use crate::vm::VmView;
 
 use context::Context;
-
-pub use severity::{at_least_as_strict, severity};
-
-/// Configured defaults (`[topology_guard]` or CLI defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Defaults {
-    /// `default_policy`.
-    pub policy: Policy,
-    /// `mode`.
-    pub mode: Mode,
-    /// `fail_closed`: a `check-failed` finding is an error.
-    pub fail_closed: bool,
-    /// `pod_overrides`: how far a pod's annotations may move `policy` and `mode` (and the
-    /// allowed nodes from the baseline's).
-    pub pod_overrides: PodOverrides,
-}
 
 /// Values that win over annotations (the CLI's `--policy` and `--mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

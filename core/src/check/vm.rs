@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::host::Locality;
 use crate::kata::KataConfig;
 use crate::request::Resources;
-use crate::verdict::Rule;
+use crate::rule::Rule;
 use crate::vm::VmView;
 
 use super::context::Context;
