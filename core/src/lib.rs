@@ -38,7 +38,7 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-pub use check::{Checker, Overrides, Request};
+pub use check::{Checker, Input as Request, Overrides};
 pub use host::{Host, Locality, TopologySource};
 pub use idset::IdSet;
 pub use intent::Baseline;

@@ -117,7 +117,13 @@ impl Verdict {
     /// Sets [`Verdict::decision`] from the mode and the findings: `reject` only in enforce
     /// mode with an `error` finding.
     pub fn decide(&mut self) {
-        self.decision = if self.mode == Mode::Enforce && self.has_error() {
+        self.settle(true);
+    }
+
+    /// Sets [`Verdict::decision`]: `reject` only when the request can still be refused
+    /// (`refusable`), in enforce mode, with an `error` finding.
+    pub(crate) fn settle(&mut self, refusable: bool) {
+        self.decision = if refusable && self.mode == Mode::Enforce && self.has_error() {
             Decision::Reject
         } else {
             Decision::Allow

@@ -16,7 +16,7 @@ use crate::rule::Finding;
 use crate::verdict::{Operation, UpdateClass};
 
 use super::devices::Device;
-use super::{Checker, Request};
+use super::{Checker, Input};
 
 /// The NUMA nodes a container may use, and what says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub(super) struct Context<'r> {
     /// The host it is checked against.
     pub(super) host: &'r Host,
     /// The request.
-    pub(super) req: Request<'r>,
+    pub(super) req: Input<'r>,
     /// The policy in force: the CLI's override, else the pod's annotation, else the default.
     pub(super) policy: Policy,
     /// The mode in force, likewise.
@@ -95,7 +95,7 @@ pub(super) struct Context<'r> {
 impl<'r> Context<'r> {
     /// Works out what `req` is about, and returns with it the findings about the pod's
     /// intent (invalid annotations, whose defaults then stand in).
-    pub(super) fn new(checker: &Checker<'r>, req: Request<'r>) -> (Self, Vec<Finding>) {
+    pub(super) fn new(checker: &Checker<'r>, req: Input<'r>) -> (Self, Vec<Finding>) {
         let host = checker.host;
         let spec = req.spec;
         let baseline_nodes = req.baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
@@ -264,9 +264,9 @@ mod tests {
         let placed = baseline("0", Some("0-1"));
         let empty = baseline("", None);
         let allowed = |spec: &ContainerSpec, baseline: Option<&Baseline>| {
-            let req = Request {
+            let req = Input {
                 baseline,
-                ..Request::create(spec)
+                ..Input::create(spec)
             };
             Context::new(&checker, req).0.allowed
         };
@@ -307,13 +307,13 @@ mod tests {
         let push = Resources::from_json(br#"{"cpu": {"cpus": "24-25"}}"#).expect("update");
         let (cx, invalid) = Context::new(
             &checker,
-            Request {
+            Input {
                 update: Some(&push),
                 overrides: Overrides {
                     policy: None,
                     mode: Some(Mode::Enforce),
                 },
-                ..Request::create(&s)
+                ..Input::create(&s)
             },
         );
         assert!(invalid.is_empty());
@@ -334,7 +334,7 @@ mod tests {
         let host = host("16em64t-4s2c2t-offlines.xml");
         let checker = Checker::new(&host, None, Defaults::default());
         let s = spec("2", serde_json::json!({"kata-topo.io/policy": "bogus"}));
-        let (cx, invalid) = Context::new(&checker, Request::create(&s));
+        let (cx, invalid) = Context::new(&checker, Input::create(&s));
         assert_eq!(invalid.len(), 1, "{invalid:?}");
         assert_eq!(cx.operation, Operation::Create);
         assert_eq!(cx.policy, Policy::Restricted);
@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(cx.cpu_nodes(), None);
         let mut unpinned = s.clone();
         unpinned.resources.cpus = None;
-        let (cx, _) = Context::new(&checker, Request::create(&unpinned));
+        let (cx, _) = Context::new(&checker, Input::create(&unpinned));
         assert_eq!((&cx.cpus, cx.cpu_nodes()), (&None, None));
     }
 }

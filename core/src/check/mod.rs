@@ -18,6 +18,7 @@ mod context;
 mod devices;
 mod drift;
 mod kubelet;
+mod phase;
 mod placement;
 mod vfio;
 mod vm;
@@ -38,6 +39,8 @@ use crate::vm::VmView;
 
 use context::Context;
 
+pub use phase::{could_not_run, Phase, Request, Running, Unread};
+
 /// Values that win over annotations (the CLI's `--policy` and `--mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Overrides {
@@ -47,9 +50,10 @@ pub struct Overrides {
     pub mode: Option<Mode>,
 }
 
-/// One request to check.
+/// One request to check, lowered: what a phase of [`Request`] works out for the rules (the
+/// old single entry point, [`Checker::check`], takes it as is).
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+pub struct Input<'a> {
     /// The container's OCI spec (annotations, devices, resources at create).
     pub spec: &'a ContainerSpec,
     /// For an update: the new `LinuxResources`.
@@ -71,7 +75,7 @@ pub struct Request<'a> {
     pub kubelet: Option<&'a KubeletView>,
 }
 
-impl<'a> Request<'a> {
+impl<'a> Input<'a> {
     /// A create (or recreate, with a baseline) of this spec.
     pub fn create(spec: &'a ContainerSpec) -> Self {
         Self {
@@ -147,6 +151,8 @@ pub struct Checker<'h> {
     host: &'h Host,
     sysfs: Option<&'h Sysfs>,
     defaults: Defaults,
+    /// Why the host may be out of date, when it may.
+    stale: Option<&'h str>,
 }
 
 impl<'h> Checker<'h> {
@@ -156,6 +162,16 @@ impl<'h> Checker<'h> {
             host,
             sysfs,
             defaults,
+            stale: None,
+        }
+    }
+
+    /// The same checker over a host that may be out of date (its refresh failed): each
+    /// verdict says so with a `check-failed` finding naming `reason`, weighed like any other.
+    pub fn stale(self, reason: Option<&'h str>) -> Self {
+        Self {
+            stale: reason,
+            ..self
         }
     }
 
@@ -165,11 +181,19 @@ impl<'h> Checker<'h> {
     }
 
     /// Checks one request: works out its context, then runs the rule families over it.
-    pub fn check(&self, req: &Request<'_>) -> Verdict {
+    pub fn check(&self, req: &Input<'_>) -> Verdict {
+        self.verdict(req, |_| true, None)
+    }
+
+    /// The verdict on one lowered request: its context worked out, the rule families run over
+    /// it, findings of rules `reports` keeps weighed by the severity table, then `stale` (why
+    /// the host may be out of date) as a `check-failed` finding.
+    fn verdict(&self, req: &Input<'_>, reports: fn(Rule) -> bool, stale: Option<&str>) -> Verdict {
         let (cx, invalid_intent) = Context::new(self, *req);
         let mut f = Findings {
             policy: cx.policy,
             fail_closed: self.defaults.fail_closed,
+            reports,
             list: Vec::new(),
         };
         // Weighed by the table like every other finding (`intent-invalid` is always an error).
@@ -183,6 +207,9 @@ impl<'h> Checker<'h> {
         }
         for family in FAMILIES {
             family(&cx, &mut f);
+        }
+        if let Some(reason) = stale {
+            f.push(check_failed(cx.policy, self.defaults.fail_closed, reason));
         }
         let spec = req.spec;
         let mut verdict = Verdict {
@@ -221,11 +248,16 @@ const FAMILIES: [fn(&Context<'_>, &mut Findings); 5] = [
 struct Findings {
     policy: Policy,
     fail_closed: bool,
+    /// Whether the phase reports a rule at all.
+    reports: fn(Rule) -> bool,
     list: Vec<Finding>,
 }
 
 impl Findings {
     fn add(&mut self, rule: Rule, message: String, expected: Value, observed: Value) {
+        if !(self.reports)(rule) {
+            return;
+        }
         if let Some(severity) = severity(rule, self.policy, self.fail_closed) {
             self.list.push(Finding {
                 rule,
@@ -235,6 +267,11 @@ impl Findings {
                 observed,
             });
         }
+    }
+
+    /// A finding already weighed (`check-failed`), when the phase reports its rule.
+    fn push(&mut self, finding: Option<Finding>) {
+        self.list.extend(finding.filter(|f| (self.reports)(f.rule)));
     }
 }
 
