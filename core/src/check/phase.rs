@@ -63,6 +63,13 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// Kata's configuration as it applies to this pod: the node's with the pod's
+    /// `io.katacontainers.config.*` annotations Kata honours — the one place they are applied.
+    pub fn pod_kata(&self) -> Option<KataConfig> {
+        self.kata
+            .map(|k| k.with_annotations(&self.spec.annotations))
+    }
+
     /// The verdict when this request cannot be checked at all in `phase` (no host topology
     /// yet): one `check-failed` finding, as [`could_not_run`] gives it.
     pub fn could_not_run(&self, phase: Phase<'_>, defaults: Defaults, reason: &str) -> Verdict {
@@ -175,7 +182,7 @@ impl Checker<'_> {
     /// panics gives the `check-failed` verdict, never a panic.
     fn run(&self, phase: Phase<'_>, req: &Request<'_>) -> Verdict {
         let spec = req.spec;
-        let kata = req.kata.map(|k| k.with_annotations(&spec.annotations));
+        let kata = req.pod_kata();
         let input = Input {
             spec,
             update: None,
