@@ -70,6 +70,9 @@ pub struct Input<'a> {
     pub kata: Option<&'a KataConfig>,
     /// What the VM actually got, for the observed VM rules.
     pub vm: Option<&'a VmView>,
+    /// The VM the container runs in, read before an update: the vCPUs static sizing keeps
+    /// (default: `vm`).
+    pub running_vm: Option<&'a VmView>,
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
     pub kubelet: Option<&'a KubeletView>,
@@ -87,6 +90,7 @@ impl<'a> Input<'a> {
             overrides: Overrides::default(),
             kata: None,
             vm: None,
+            running_vm: None,
             kubelet: None,
         }
     }

@@ -38,8 +38,9 @@ pub struct Request<'a> {
     /// Kata's configuration as the node has it, for the Kata rules; the pod's
     /// `io.katacontainers.config.*` annotations are applied over it here, as Kata would.
     pub kata: Option<&'a KataConfig>,
-    /// What the VM actually got: read at an update under static sizing (the vCPUs it keeps),
-    /// or by the hook at poststart. [`Checker::observe`] takes its own.
+    /// What the VM actually got, judged by the VM rules (`vcpu-affinity-drift`,
+    /// `vcpu-overlap`): the hook's at poststart, the CLI's `--vm-pid`. [`Checker::observe`]
+    /// takes its own; what an update predicts from goes in [`Running::vm`].
     pub vm: Option<&'a VmView>,
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
@@ -96,6 +97,10 @@ pub struct Running<'a> {
     pub current: Option<&'a Resources>,
     /// Its baseline, if one was recorded.
     pub baseline: Option<&'a Baseline>,
+    /// The VM it runs in, read before an update (one look, not judged): under static sizing
+    /// the vCPUs the VM keeps, which `vcpu-pinning-lost` predicts from (default: the
+    /// request's `vm`).
+    pub vm: Option<&'a VmView>,
 }
 
 /// Which check a request gets.
@@ -106,8 +111,8 @@ pub enum Phase<'a> {
     /// A later create of a container name the sandbox already ran, held to the baseline its
     /// first create recorded.
     Recreate(&'a Baseline),
-    /// A resource update of a running container: the new `LinuxResources`. The VM's own
-    /// behaviour is not judged here but once the delegate applied it ([`Phase::Observe`]).
+    /// A resource update of a running container: the new `LinuxResources`. The wrapper judges
+    /// the VM's own behaviour once the delegate applied it ([`Phase::Observe`]).
     Update(Running<'a>, &'a Resources),
     /// What the VM's vCPU threads really do once the delegate applied a request
     /// (`vcpu-affinity-drift`, `vcpu-overlap`), as an `update` verdict of class `noop`: after
@@ -119,7 +124,9 @@ impl Phase<'_> {
     /// The operation a verdict of this phase names.
     fn operation(&self, spec: &ContainerSpec) -> Operation {
         match self {
-            Self::Admit if spec.kind == ContainerKind::Sandbox => Operation::Sandbox,
+            Self::Admit | Self::Recreate(_) if spec.kind == ContainerKind::Sandbox => {
+                Operation::Sandbox
+            }
             Self::Admit => Operation::Create,
             Self::Recreate(_) => Operation::Recreate,
             Self::Update(..) | Self::Observe(..) => Operation::Update,
@@ -137,12 +144,12 @@ impl Phase<'_> {
         }
     }
 
-    /// Whether the phase reports a rule: the VM's observed behaviour only when observing it,
-    /// and only that then.
+    /// Whether the phase reports a rule: observing the VM, only the VM's own rules (the
+    /// request was judged already); otherwise every rule its inputs allow.
     fn reports(&self) -> fn(Rule) -> bool {
         match self {
             Self::Observe(..) => is_observed,
-            _ => |rule| !is_observed(rule),
+            _ => |_| true,
         }
     }
 
@@ -192,6 +199,7 @@ impl Checker<'_> {
             overrides: req.overrides,
             kata: kata.as_ref(),
             vm: req.vm,
+            running_vm: None,
             kubelet: req.kubelet,
         };
         let input = match phase {
@@ -204,6 +212,7 @@ impl Checker<'_> {
                 update: Some(update),
                 current: running.current,
                 baseline: running.baseline,
+                running_vm: running.vm,
                 ..input
             },
             Phase::Observe(running, vm) => {
@@ -386,8 +395,8 @@ mod tests {
         };
         let baseline = checker.record_baseline(&s);
         let running = Running {
-            current: None,
             baseline: Some(&baseline),
+            ..Running::default()
         };
         let push = resources(r#"{"cpu": {"cpus": "1"}}"#);
         let sandbox = spec(
@@ -432,16 +441,32 @@ mod tests {
         let checker = Checker::new(&host, None, defaults());
         let s = on_node_0("0-1");
         // The VM's vCPUs already float onto node 1; the update moves the cpuset there too.
-        let req = Request {
-            vm: Some(&vm(&["0", "24", "24"])),
-            ..Request::new(&s)
-        };
+        let floating = vm(&["0", "24", "24"]);
+        let req = Request::new(&s);
         let away = resources(r#"{"cpu": {"cpus": "24-25"}}"#);
-        let update = checker.update(&req, Running::default(), &away);
+        // The VM the container runs in informs the prediction and is not judged.
+        let running = Running {
+            vm: Some(&floating),
+            ..Running::default()
+        };
+        let update = checker.update(&req, running, &away);
         assert_eq!(rules(&update), [Rule::CpuOutsideIntent]);
         assert_eq!(update.decision, Decision::Reject);
+        // A VM given with the request (the CLI's --vm-pid) is judged.
+        let judged = Request {
+            vm: Some(&floating),
+            ..Request::new(&s)
+        };
+        assert_eq!(
+            rules(&checker.update(&judged, Running::default(), &away)),
+            [
+                Rule::CpuOutsideIntent,
+                Rule::VcpuAffinityDrift,
+                Rule::VcpuOverlap
+            ]
+        );
         // Observed after the fact: the VM's rules only, and nothing left to refuse.
-        let seen = checker.observe(&req, Running::default(), &vm(&["0", "24", "24"]));
+        let seen = checker.observe(&req, running, &floating);
         assert_eq!(seen.class, Some(UpdateClass::Noop));
         assert_eq!(rules(&seen), [Rule::VcpuAffinityDrift, Rule::VcpuOverlap]);
         assert!(seen.has_error() && seen.mode == Mode::Enforce);

@@ -428,14 +428,9 @@ impl PodChecks {
         let running = Running {
             current: Some(&current),
             baseline: baseline.as_ref(),
+            vm: vm.as_ref(),
         };
-        let verdict = self.run(
-            Phase::Update(running, &update),
-            &Request {
-                vm: vm.as_ref(),
-                ..request
-            },
-        );
+        let verdict = self.run(Phase::Update(running, &update), &request);
         let accept = OnAccept::Updated {
             task_id: task_id.to_string(),
             resources: current.merged(&update),
@@ -569,6 +564,7 @@ impl PodChecks {
         let running = Running {
             current: record.resources.as_ref(),
             baseline: baseline.as_ref(),
+            vm: None,
         };
         // After the fact: the core reports the VM's own rules only and refuses nothing.
         let verdict = self.run(
