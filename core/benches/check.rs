@@ -9,13 +9,12 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kata_topo_core::cache::{Origin, TopologyCache};
+use kata_topo_core::check::{Request, Running};
 use kata_topo_core::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, PodAdmission,
 };
 use kata_topo_core::simulate::SysfsTree;
-use kata_topo_core::{
-    Checker, ContainerSpec, Defaults, Host, Overrides, Request, Resources, Sysfs, TopologySource,
-};
+use kata_topo_core::{Checker, ContainerSpec, Defaults, Host, Resources, Sysfs, TopologySource};
 
 fn xml(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -72,22 +71,25 @@ fn bench_check(
     let checker = Checker::new(host, Some(&sysfs), Defaults::default());
     let baseline = checker.record_baseline(&spec);
     let request = Request {
-        spec: &spec,
-        update: Some(&update),
-        current: None,
-        baseline: Some(&baseline),
         container_id: Some("c"),
-        overrides: Overrides::default(),
-        kata: None,
-        vm: None,
         kubelet,
+        ..Request::new(&spec)
+    };
+    let running = Running {
+        baseline: Some(&baseline),
+        ..Running::default()
     };
     assert!(
-        !checker.check(&request).findings.is_empty(),
+        !checker
+            .update(&request, running, &update)
+            .findings
+            .is_empty(),
         "the push must be a finding"
     );
     c.bench_function(&format!("check update {name}"), |b| {
-        b.iter(|| std::hint::black_box(checker.check(std::hint::black_box(&request))))
+        b.iter(|| {
+            std::hint::black_box(checker.update(std::hint::black_box(&request), running, &update))
+        })
     });
 }
 

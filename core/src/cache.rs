@@ -37,8 +37,9 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::files::Dir;
-use crate::host::{Bdf, Host, HostError, Locality, TopologySource, MAX_XML_BYTES};
+use crate::host::{Host, HostError, Locality, TopologySource, MAX_XML_BYTES};
 use crate::idset::IdSet;
+use crate::pci::Bdf;
 use crate::sysfs::{Sysfs, SysfsError};
 use crate::text::error_chain;
 use crate::wait::Progress;

@@ -3,18 +3,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::check::Defaults;
-use crate::host::{Bdf, Host};
+use crate::host::Host;
 use crate::idset::IdSet;
 use crate::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, PodAdmission, TopologyScope,
 };
-use crate::verdict::{Finding, Rule, Severity};
+use crate::pci::Bdf;
+use crate::policy::{ChoiceError, Defaults, Mode, PodOverrides, Policy};
+use crate::rule::{Finding, Rule, Severity};
 
 /// Annotation: the Topology Manager policy applied to updates.
 pub const ANNOTATION_POLICY: &str = "kata-topo.io/policy";
@@ -22,164 +22,6 @@ pub const ANNOTATION_POLICY: &str = "kata-topo.io/policy";
 pub const ANNOTATION_NUMA_NODES: &str = "kata-topo.io/numa-nodes";
 /// Annotation: `audit` or `enforce` for this pod.
 pub const ANNOTATION_MODE: &str = "kata-topo.io/mode";
-
-/// The Kubernetes Topology Manager policies, with the same meaning applied to updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Only hard errors (CPUs that do not exist, devices that vanished).
-    None,
-    /// Every finding reported, never an error.
-    BestEffort,
-    /// CPUs, memory nodes and devices stay on the allowed nodes; devices local to the CPUs.
-    #[default]
-    Restricted,
-    /// Everything on exactly one NUMA node.
-    SingleNumaNode,
-}
-
-/// Why a value is not a policy or mode.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{value}` is not one of {expected}")]
-pub struct ChoiceError {
-    /// The value (shortened).
-    pub value: String,
-    /// The accepted values.
-    pub expected: &'static str,
-}
-
-pub(crate) fn choice_error(value: &str, expected: &'static str) -> ChoiceError {
-    ChoiceError {
-        value: value.chars().take(64).collect(),
-        expected,
-    }
-}
-
-impl FromStr for Policy {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "none" => Ok(Self::None),
-            "best-effort" => Ok(Self::BestEffort),
-            "restricted" => Ok(Self::Restricted),
-            "single-numa-node" => Ok(Self::SingleNumaNode),
-            _ => Err(choice_error(
-                s,
-                "none, best-effort, restricted, single-numa-node",
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::None => "none",
-            Self::BestEffort => "best-effort",
-            Self::Restricted => "restricted",
-            Self::SingleNumaNode => "single-numa-node",
-        })
-    }
-}
-
-/// Whether an `error` finding refuses the request. Ordered by strictness: `audit` < `enforce`.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Report and forward.
-    #[default]
-    Audit,
-    /// Refuse requests with an `error` finding.
-    Enforce,
-}
-
-impl FromStr for Mode {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "audit" => Ok(Self::Audit),
-            "enforce" => Ok(Self::Enforce),
-            _ => Err(choice_error(s, "audit, enforce")),
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Audit => "audit",
-            Self::Enforce => "enforce",
-        })
-    }
-}
-
-/// How far a pod's `kata-topo.io/*` annotations may move what the node's configuration sets
-/// (`pod_overrides` in `[topology_guard]`): the operator's configuration is the ceiling of
-/// what a pod may weaken.
-///
-/// "Stricter" means: for `mode`, `enforce` over `audit`; for `policy`, a policy under which no
-/// rule weighs less than under the configured one, read off the severity table
-/// ([`crate::check::at_least_as_strict`]: none < restricted < single-numa-node,
-/// best-effort < restricted, and none and best-effort not comparable, since best-effort
-/// turns `none`'s hard errors into warnings); for `numa-nodes`, a subset of the nodes the
-/// container's baseline allows (any nodes of the host when there is no baseline yet, as at a
-/// first create). An annotation that is not allowed is ignored — the configured value, or the
-/// baseline's nodes, stand — and an `override-ignored` finding names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum PodOverrides {
-    /// Annotations apply when they are at least as strict as the configuration.
-    #[default]
-    StricterOnly,
-    /// Annotations apply whatever they say, weaker ones too.
-    Any,
-    /// Annotations never apply: the configuration (and the baseline) alone decide.
-    None,
-}
-
-impl FromStr for PodOverrides {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stricter-only" => Ok(Self::StricterOnly),
-            "any" => Ok(Self::Any),
-            "none" => Ok(Self::None),
-            _ => Err(choice_error(s, "stricter-only, any, none")),
-        }
-    }
-}
-
-impl fmt::Display for PodOverrides {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::StricterOnly => "stricter-only",
-            Self::Any => "any",
-            Self::None => "none",
-        })
-    }
-}
-
-impl PodOverrides {
-    /// Whether an annotation asking for a value at least as strict as the configuration's
-    /// (`stricter`) applies.
-    fn allows(self, stricter: bool) -> bool {
-        match self {
-            Self::Any => true,
-            Self::StricterOnly => stricter,
-            Self::None => false,
-        }
-    }
-
-    /// Why an annotation is ignored under this setting.
-    fn refusal(self) -> &'static str {
-        match self {
-            Self::StricterOnly => "it would weaken what the node's configuration sets",
-            Self::Any | Self::None => "pods may not override the node's configuration",
-        }
-    }
-}
 
 /// The `override-ignored` finding for an annotation that does not apply: what it asked, what
 /// applies instead, and the setting that decided.
@@ -371,7 +213,7 @@ impl Intent {
         let overrides = defaults.pod_overrides;
         let mut findings = Vec::new();
         let policy = match policy {
-            Some(p) if overrides.allows(crate::check::at_least_as_strict(p, defaults.policy)) => p,
+            Some(p) if overrides.allows(crate::rule::at_least_as_strict(p, defaults.policy)) => p,
             // Asking for what is configured anyway changes nothing: nothing to say.
             Some(p) if p == defaults.policy => p,
             Some(p) => {
@@ -716,7 +558,7 @@ mod tests {
             let mut ignored = Vec::new();
             let stricter_only = overrides == PodOverrides::StricterOnly;
             let want_policy = match asked_policy {
-                Some(p) if p == policy || (stricter_only && crate::check::at_least_as_strict(p, policy)) => p,
+                Some(p) if p == policy || (stricter_only && crate::rule::at_least_as_strict(p, policy)) => p,
                 Some(_) => { ignored.push(ANNOTATION_POLICY); policy }
                 None => policy,
             };
@@ -736,7 +578,7 @@ mod tests {
             prop_assert_eq!(intent.policy, want_policy);
             prop_assert_eq!(intent.mode, want_mode);
             prop_assert_eq!(&intent.numa_nodes, &want_nodes);
-            prop_assert!(crate::check::at_least_as_strict(intent.policy, policy) || intent.policy == policy);
+            prop_assert!(crate::rule::at_least_as_strict(intent.policy, policy) || intent.policy == policy);
             prop_assert!(intent.mode >= mode);
             let named: Vec<&str> = findings
                 .iter()

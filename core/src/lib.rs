@@ -16,8 +16,11 @@ pub mod idset;
 pub mod intent;
 pub mod kata;
 pub mod kubelet;
+pub mod pci;
+pub mod policy;
 pub mod process;
 pub mod request;
+pub mod rule;
 pub mod simulate;
 pub mod state;
 pub mod sysfs;
@@ -35,13 +38,16 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-pub use check::{Checker, Defaults, Overrides, Request};
-pub use host::{Bdf, Host, Locality, TopologySource};
+pub use check::{Checker, Input as Request, Overrides};
+pub use host::{Host, Locality, TopologySource};
 pub use idset::IdSet;
-pub use intent::{Baseline, Mode, PodOverrides, Policy};
+pub use intent::Baseline;
+pub use pci::Bdf;
+pub use policy::{Defaults, Mode, PodOverrides, Policy};
 pub use request::{ContainerSpec, Resources};
+pub use rule::{Finding, Rule, Severity};
 pub use sysfs::Sysfs;
-pub use verdict::{Decision, Finding, Operation, Rule, Severity, UpdateClass, Verdict};
+pub use verdict::{Decision, Operation, UpdateClass, Verdict};
 
 #[cfg(test)]
 pub(crate) mod testutil {
@@ -60,7 +66,7 @@ pub(crate) mod testutil {
         .map_err(std::io::Error::from)
     }
 
-    use crate::host::Bdf;
+    use crate::pci::Bdf;
     use crate::simulate;
 
     pub(crate) struct SysfsTree {

@@ -7,7 +7,7 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use crate::host::Bdf;
+use crate::pci::Bdf;
 
 /// A sysfs tree under a directory the caller owns.
 #[derive(Debug, Clone)]

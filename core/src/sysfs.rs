@@ -9,7 +9,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use crate::host::Bdf;
+use crate::pci::{Bdf, DeviceState};
 
 /// The largest sysfs attribute read (a `numa_node` is a few bytes).
 const MAX_ATTR_BYTES: u64 = 4096;
@@ -109,26 +109,6 @@ fn valid_device_name(name: &str) -> Result<(), SysfsError> {
 
 fn shorten(s: &str) -> String {
     s.chars().take(64).collect()
-}
-
-/// What sysfs says about one PCI device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceState {
-    /// Its address.
-    pub bdf: Bdf,
-    /// `numa_node`: `None` when the file is absent, `Some(-1)` when firmware gives none.
-    pub numa_node: Option<i32>,
-    /// The driver bound to it (`vfio-pci`), if any.
-    pub driver: Option<String>,
-    /// Its IOMMU group, if any.
-    pub iommu_group: Option<String>,
-}
-
-impl DeviceState {
-    /// Whether the device is usable for passthrough.
-    pub fn bound_to_vfio(&self) -> bool {
-        self.driver.as_deref() == Some("vfio-pci")
-    }
 }
 
 /// A sysfs tree under a root.

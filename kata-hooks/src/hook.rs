@@ -10,15 +10,13 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::check::failed_verdict;
+use kata_topo_core::check::{could_not_run, Request, Unread};
 use kata_topo_core::config::Config;
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::state::GroupState;
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::wait::{run_within, Progress};
-use kata_topo_core::{
-    Checker, ContainerSpec, Decision, Defaults, Mode, Operation, Request, Sysfs, Verdict,
-};
+use kata_topo_core::{Checker, ContainerSpec, Decision, Defaults, Operation, Sysfs, Verdict};
 use kata_topo_sinks::events::{payload, publish};
 use kata_topo_sinks::{log_verdict, Drops, Log};
 use serde::Deserialize;
@@ -130,7 +128,9 @@ pub fn run() -> Result<(), HookError> {
         })
     };
     let verdict = match outcome {
-        Ok(Ok(v)) => v,
+        Ok(Ok(Some(v))) => v,
+        // poststop: nothing was checked.
+        Ok(Ok(None)) => return Ok(()),
         Ok(Err((spec, reason))) => failed(spec.map(|s| *s), &reason, defaults),
         Err(e) => failed(
             seen.lock().unwrap_or_else(|e| e.into_inner()).take(),
@@ -167,11 +167,15 @@ pub fn run() -> Result<(), HookError> {
 
 /// The `check-failed` verdict of a check that could not run, with what is known of the spec.
 fn failed(spec: Option<ContainerSpec>, reason: &str, defaults: Defaults) -> Verdict {
-    let mut v = failed_verdict(spec.as_ref(), Operation::Create, None, defaults, reason);
-    v.sandbox_id = v
-        .sandbox_id
-        .or_else(|| spec.as_ref().and_then(|s| s.sandbox_id.clone()));
-    v
+    let unread = Unread {
+        operation: Operation::Create,
+        class: None,
+        spec: spec.as_ref(),
+        container_id: None,
+        sandbox_id: None,
+        after_the_fact: false,
+    };
+    could_not_run(&unread, defaults, reason)
 }
 
 /// The spec, once the check has read it: what a check given up on still knows of the pod.
@@ -211,7 +215,7 @@ fn check(
     config_file: Option<&Path>,
     progress: &Progress,
     seen: &Seen,
-) -> Result<Verdict, Failure> {
+) -> Result<Option<Verdict>, Failure> {
     progress.set("reading the OCI state on stdin");
     let mut input = String::new();
     std::io::stdin()
@@ -234,10 +238,7 @@ fn check(
                 let _ = s.remove_all();
             }
         }
-        let mut v = failed_verdict(Some(&spec), Operation::Create, None, defaults, "");
-        v.findings.clear();
-        v.decide();
-        return Ok(v);
+        return Ok(None);
     }
     // The live machine through the node-wide cache: a discovery only when the machine changed.
     let host = kata_topo_core::cache::load_reporting(config, progress)
@@ -247,9 +248,8 @@ fn check(
     if let Some(p) = config_file {
         progress.set(format!("reading the Kata configuration {}", p.display()));
     }
-    let kata = config_file
-        .and_then(|p| KataConfig::load(p).ok())
-        .map(|k| k.with_annotations(&spec.annotations));
+    // The node's; the core applies the pod's annotations over it.
+    let kata = config_file.and_then(|p| KataConfig::load(p).ok());
     if let Some(pid) = state.pid {
         progress.set(format!(
             "reading the VM view of process {pid} under {}",
@@ -284,24 +284,25 @@ fn check(
     // What the kubelet admitted, as the wrapper asks it: once per hook run, a container's
     // create, within kubelet_timeout_ms.
     let kubelet = kata_topo_kubelet::intent_for(config, &spec.pod);
-    let mut verdict = checker.check(&Request {
-        baseline: baseline.as_ref(),
+    let request = Request {
         container_id: Some(&state.id),
         kata: kata.as_ref(),
         vm: vm.as_ref(),
         kubelet: kubelet.as_ref(),
-        ..Request::create(&spec)
-    });
-    if running && verdict.mode == Mode::Enforce {
         // poststart: the container runs already; a failing poststart hook is only a warning
         // to the runtime, so report without refusing.
-        verdict.decision = Decision::Allow;
-    }
+        after_the_fact: running,
+        ..Request::new(&spec)
+    };
+    let verdict = match &baseline {
+        Some(b) => checker.recreate(&request, b),
+        None => checker.admit(&request),
+    };
     if let (Some(s), Some(n), None) = (&store, &name, &baseline) {
         if verdict.decision == Decision::Allow {
             progress.set("recording the container's baseline");
             let _ = s.save_container_baseline(n, &checker.record_baseline(&spec));
         }
     }
-    Ok(verdict)
+    Ok(Some(verdict))
 }

@@ -7,7 +7,7 @@
 //! the delegate decides whether to exit.
 
 use std::io::Read;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -17,10 +17,9 @@ use prost::Message;
 use slog::Logger;
 
 use crate::checks::PodChecks;
+use crate::delegate::Delegate;
 use crate::proxy::proxy;
-use crate::ttrpc::{
-    probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe, TASK_V2, TASK_V3,
-};
+use crate::ttrpc::{probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe};
 
 /// Why the daemon stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,29 +28,6 @@ pub(crate) enum Exit {
     DelegateGone,
     /// SIGTERM or SIGINT.
     Signal(i32),
-}
-
-/// Where the delegate is and which task API it speaks.
-#[derive(Debug, Clone)]
-pub(crate) struct Delegate {
-    /// Its `unix://` address.
-    pub(crate) address: String,
-    /// `containerd.task.v2.Task` or `containerd.task.v3.Task`.
-    pub(crate) service: &'static str,
-}
-
-impl Delegate {
-    /// From an address and a task API version.
-    pub(crate) fn new(address: String, version: u32) -> Self {
-        Self {
-            address,
-            service: if version >= 3 { TASK_V3 } else { TASK_V2 },
-        }
-    }
-
-    pub(crate) fn connect(&self) -> std::io::Result<UnixStream> {
-        UnixStream::connect(socket_path(&self.address))
-    }
 }
 
 /// Serves connections until the delegate exits or a signal arrives; `on_hup` runs on SIGHUP.

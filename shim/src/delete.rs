@@ -27,7 +27,8 @@ use kata_topo_core::process::ProcessId;
 use prost::Message;
 
 use crate::args::Args;
-use crate::daemon::{remove_dead_socket, remove_socket_of_exiting, Delegate};
+use crate::daemon::{remove_dead_socket, remove_socket_of_exiting};
+use crate::delegate::Delegate;
 use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
 use crate::ttrpc::{

@@ -7,6 +7,7 @@
 mod args;
 mod checks;
 mod daemon;
+mod delegate;
 mod delete;
 mod error;
 mod proxy;

@@ -21,7 +21,7 @@ use prost::Message;
 use slog::Logger;
 
 use crate::checks::{OnAccept, Outcome, PodChecks};
-use crate::daemon::Delegate;
+use crate::delegate::Delegate;
 use crate::error::ShimError;
 use crate::ttrpc::{
     rename_service, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Incoming, Request,

@@ -12,7 +12,8 @@ use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};
 use crate::checks::{PodChecks, Sinks};
-use crate::daemon::{cleanup, serve, Delegate, Exit, OwnSocket};
+use crate::daemon::{cleanup, serve, Exit, OwnSocket};
+use crate::delegate::Delegate;
 use crate::ttrpc::socket_path;
 
 use kata_topo_core::VERSION;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::args::Args;
-use crate::daemon::Delegate;
+use crate::delegate::Delegate;
 use crate::state::GroupState;
 use crate::ttrpc::{probe, socket_path, Client, Code, Probe, ShutdownRequest, TASK_V2, TASK_V3};
 use kata_topo_core::config::{Config, ConfigError, Resolved};

@@ -7,14 +7,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kata_topo_core::check::{Request, Running};
 use kata_topo_core::fsutil;
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::kubelet::KubeletSettings;
 use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo_core::vm::VmView;
 use kata_topo_core::{
-    Baseline, Checker, ContainerSpec, Defaults, Mode, Overrides, PodOverrides, Policy, Request,
-    Resources,
+    Baseline, Checker, ContainerSpec, Defaults, Mode, PodOverrides, Policy, Resources,
 };
 
 use crate::commands::HostArgs;
@@ -133,7 +133,8 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         None => None,
     };
     let kata = match &args.kata_config {
-        Some(path) => Some(KataConfig::load(path)?.with_annotations(&spec.annotations)),
+        // The node's; the core applies the pod's annotations over it.
+        Some(path) => Some(KataConfig::load(path)?),
         None => None,
     };
     let view = match args.vm_pid {
@@ -176,17 +177,23 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         std::fs::write(out, text + "\n")
             .with_context(|| format!("cannot write baseline {}", out.display()))?;
     }
-    let verdict = checker.check(&Request {
-        spec: &spec,
-        update: update.as_ref(),
-        current: None,
-        baseline: baseline.as_ref(),
-        container_id: None,
-        overrides: Overrides::default(),
+    let request = Request {
         kata: kata.as_ref(),
         vm: view.as_ref(),
         kubelet: kubelet.as_ref(),
-    });
+        ..Request::new(&spec)
+    };
+    let verdict = match (&update, &baseline) {
+        (Some(update), baseline) => {
+            let running = Running {
+                baseline: baseline.as_ref(),
+                ..Running::default()
+            };
+            checker.update(&request, running, update)
+        }
+        (None, Some(baseline)) => checker.recreate(&request, baseline),
+        (None, None) => checker.admit(&request),
+    };
     if args.json {
         out::json(&serde_json::to_string_pretty(&verdict)?)?;
     } else {

@@ -8,13 +8,15 @@ use std::fmt;
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent, Mode, Policy};
+use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent};
 use crate::kubelet::KubeletView;
+use crate::policy::{Mode, Policy};
 use crate::request::{ContainerKind, Resources};
-use crate::verdict::{Finding, Operation, UpdateClass};
+use crate::rule::Finding;
+use crate::verdict::{Operation, UpdateClass};
 
 use super::devices::Device;
-use super::{Checker, Request};
+use super::{Checker, Input};
 
 /// The NUMA nodes a container may use, and what says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +65,7 @@ pub(super) struct Context<'r> {
     /// The host it is checked against.
     pub(super) host: &'r Host,
     /// The request.
-    pub(super) req: Request<'r>,
+    pub(super) req: Input<'r>,
     /// The policy in force: the CLI's override, else the pod's annotation, else the default.
     pub(super) policy: Policy,
     /// The mode in force, likewise.
@@ -93,7 +95,7 @@ pub(super) struct Context<'r> {
 impl<'r> Context<'r> {
     /// Works out what `req` is about, and returns with it the findings about the pod's
     /// intent (invalid annotations, whose defaults then stand in).
-    pub(super) fn new(checker: &Checker<'r>, req: Request<'r>) -> (Self, Vec<Finding>) {
+    pub(super) fn new(checker: &Checker<'r>, req: Input<'r>) -> (Self, Vec<Finding>) {
         let host = checker.host;
         let spec = req.spec;
         let baseline_nodes = req.baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
@@ -218,9 +220,10 @@ impl<'r> Context<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::{Defaults, Overrides};
+    use crate::check::Overrides;
     use crate::host::TopologySource;
     use crate::intent::{Baseline, BASELINE_VERSION};
+    use crate::policy::Defaults;
     use crate::request::ContainerSpec;
 
     fn host(name: &str) -> Host {
@@ -261,9 +264,9 @@ mod tests {
         let placed = baseline("0", Some("0-1"));
         let empty = baseline("", None);
         let allowed = |spec: &ContainerSpec, baseline: Option<&Baseline>| {
-            let req = Request {
+            let req = Input {
                 baseline,
-                ..Request::create(spec)
+                ..Input::create(spec)
             };
             Context::new(&checker, req).0.allowed
         };
@@ -296,7 +299,7 @@ mod tests {
         let host = host("nvidiaDGX2.xml");
         // A node that lets pods weaken its policy: the pod's `none` applies.
         let any = Defaults {
-            pod_overrides: crate::intent::PodOverrides::Any,
+            pod_overrides: crate::policy::PodOverrides::Any,
             ..Defaults::default()
         };
         let checker = Checker::new(&host, None, any);
@@ -304,13 +307,13 @@ mod tests {
         let push = Resources::from_json(br#"{"cpu": {"cpus": "24-25"}}"#).expect("update");
         let (cx, invalid) = Context::new(
             &checker,
-            Request {
+            Input {
                 update: Some(&push),
                 overrides: Overrides {
                     policy: None,
                     mode: Some(Mode::Enforce),
                 },
-                ..Request::create(&s)
+                ..Input::create(&s)
             },
         );
         assert!(invalid.is_empty());
@@ -331,7 +334,7 @@ mod tests {
         let host = host("16em64t-4s2c2t-offlines.xml");
         let checker = Checker::new(&host, None, Defaults::default());
         let s = spec("2", serde_json::json!({"kata-topo.io/policy": "bogus"}));
-        let (cx, invalid) = Context::new(&checker, Request::create(&s));
+        let (cx, invalid) = Context::new(&checker, Input::create(&s));
         assert_eq!(invalid.len(), 1, "{invalid:?}");
         assert_eq!(cx.operation, Operation::Create);
         assert_eq!(cx.policy, Policy::Restricted);
@@ -341,7 +344,7 @@ mod tests {
         assert_eq!(cx.cpu_nodes(), None);
         let mut unpinned = s.clone();
         unpinned.resources.cpus = None;
-        let (cx, _) = Context::new(&checker, Request::create(&unpinned));
+        let (cx, _) = Context::new(&checker, Input::create(&unpinned));
         assert_eq!((&cx.cpus, cx.cpu_nodes()), (&None, None));
     }
 }

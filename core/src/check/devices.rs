@@ -1,8 +1,9 @@
 //! VFIO devices of a spec resolved against sysfs and the host, and the baseline a first
 //! create records.
 
-use crate::host::{Bdf, Locality};
+use crate::host::Locality;
 use crate::intent::{Baseline, BaselineDevice, BASELINE_VERSION};
+use crate::pci::Bdf;
 use crate::request::ContainerSpec;
 use crate::sysfs::{SysfsError, VfioRef};
 

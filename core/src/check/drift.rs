@@ -4,7 +4,7 @@ use serde_json::json;
 
 use crate::host::Locality;
 use crate::idset::IdSet;
-use crate::verdict::Rule;
+use crate::rule::Rule;
 
 use super::context::Context;
 use super::devices::Device;

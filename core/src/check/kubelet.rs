@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
-use crate::host::Bdf;
-use crate::verdict::Rule;
+use crate::pci::Bdf;
+use crate::rule::Rule;
 
 use super::context::Context;
 use super::devices::Device;

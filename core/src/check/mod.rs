@@ -1,8 +1,9 @@
 //! The rules: one request (create, recreate or update) against the pod's intent, its baseline
 //! and the host as it is now, giving a [`Verdict`].
 //!
-//! - `severity.rs`, the severity policy: one table from rule × policy to severity, read through
-//!   [`severity()`]; the "Severity by policy" table of `docs/rules.md` is tested against it.
+//! - the severity policy is not here but in [`crate::rule`] (`rule/severity.rs`): one table from
+//!   rule × policy to severity, read through [`severity()`]; the "Severity by policy" table of
+//!   `docs/rules.md` is tested against it.
 //! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
 //!   the allowed NUMA nodes and what says so, where the CPUs are, the devices), worked out once
 //!   before any rule runs.
@@ -17,8 +18,8 @@ mod context;
 mod devices;
 mod drift;
 mod kubelet;
+mod phase;
 mod placement;
-mod severity;
 mod vfio;
 mod vm;
 
@@ -26,31 +27,19 @@ use serde_json::{json, Value};
 
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Mode, PodOverrides, Policy};
+use crate::intent::Baseline;
 use crate::kata::KataConfig;
 use crate::kubelet::KubeletView;
+use crate::policy::{Defaults, Mode, Policy};
 use crate::request::{ContainerSpec, Resources};
+use crate::rule::{severity, Finding, Rule};
 use crate::sysfs::Sysfs;
-use crate::verdict::{Decision, Finding, Operation, Rule, Verdict};
+use crate::verdict::{Decision, Operation, Verdict};
 use crate::vm::VmView;
 
 use context::Context;
 
-pub use severity::{at_least_as_strict, severity};
-
-/// Configured defaults (`[topology_guard]` or CLI defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Defaults {
-    /// `default_policy`.
-    pub policy: Policy,
-    /// `mode`.
-    pub mode: Mode,
-    /// `fail_closed`: a `check-failed` finding is an error.
-    pub fail_closed: bool,
-    /// `pod_overrides`: how far a pod's annotations may move `policy` and `mode` (and the
-    /// allowed nodes from the baseline's).
-    pub pod_overrides: PodOverrides,
-}
+pub use phase::{could_not_run, Phase, Request, Running, Unread};
 
 /// Values that win over annotations (the CLI's `--policy` and `--mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,9 +50,10 @@ pub struct Overrides {
     pub mode: Option<Mode>,
 }
 
-/// One request to check.
+/// One request to check, lowered: what a phase of [`Request`] works out for the rules (the
+/// old single entry point, [`Checker::check`], takes it as is).
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+pub struct Input<'a> {
     /// The container's OCI spec (annotations, devices, resources at create).
     pub spec: &'a ContainerSpec,
     /// For an update: the new `LinuxResources`.
@@ -80,12 +70,15 @@ pub struct Request<'a> {
     pub kata: Option<&'a KataConfig>,
     /// What the VM actually got, for the observed VM rules.
     pub vm: Option<&'a VmView>,
+    /// The VM the container runs in, read before an update: the vCPUs static sizing keeps
+    /// (default: `vm`).
+    pub running_vm: Option<&'a VmView>,
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
     pub kubelet: Option<&'a KubeletView>,
 }
 
-impl<'a> Request<'a> {
+impl<'a> Input<'a> {
     /// A create (or recreate, with a baseline) of this spec.
     pub fn create(spec: &'a ContainerSpec) -> Self {
         Self {
@@ -97,6 +90,7 @@ impl<'a> Request<'a> {
             overrides: Overrides::default(),
             kata: None,
             vm: None,
+            running_vm: None,
             kubelet: None,
         }
     }
@@ -161,6 +155,8 @@ pub struct Checker<'h> {
     host: &'h Host,
     sysfs: Option<&'h Sysfs>,
     defaults: Defaults,
+    /// Why the host may be out of date, when it may.
+    stale: Option<&'h str>,
 }
 
 impl<'h> Checker<'h> {
@@ -170,6 +166,16 @@ impl<'h> Checker<'h> {
             host,
             sysfs,
             defaults,
+            stale: None,
+        }
+    }
+
+    /// The same checker over a host that may be out of date (its refresh failed): each
+    /// verdict says so with a `check-failed` finding naming `reason`, weighed like any other.
+    pub fn stale(self, reason: Option<&'h str>) -> Self {
+        Self {
+            stale: reason,
+            ..self
         }
     }
 
@@ -179,11 +185,19 @@ impl<'h> Checker<'h> {
     }
 
     /// Checks one request: works out its context, then runs the rule families over it.
-    pub fn check(&self, req: &Request<'_>) -> Verdict {
+    pub fn check(&self, req: &Input<'_>) -> Verdict {
+        self.verdict(req, |_| true, None)
+    }
+
+    /// The verdict on one lowered request: its context worked out, the rule families run over
+    /// it, findings of rules `reports` keeps weighed by the severity table, then `stale` (why
+    /// the host may be out of date) as a `check-failed` finding.
+    fn verdict(&self, req: &Input<'_>, reports: fn(Rule) -> bool, stale: Option<&str>) -> Verdict {
         let (cx, invalid_intent) = Context::new(self, *req);
         let mut f = Findings {
             policy: cx.policy,
             fail_closed: self.defaults.fail_closed,
+            reports,
             list: Vec::new(),
         };
         // Weighed by the table like every other finding (`intent-invalid` is always an error).
@@ -197,6 +211,9 @@ impl<'h> Checker<'h> {
         }
         for family in FAMILIES {
             family(&cx, &mut f);
+        }
+        if let Some(reason) = stale {
+            f.push(check_failed(cx.policy, self.defaults.fail_closed, reason));
         }
         let spec = req.spec;
         let mut verdict = Verdict {
@@ -235,11 +252,16 @@ const FAMILIES: [fn(&Context<'_>, &mut Findings); 5] = [
 struct Findings {
     policy: Policy,
     fail_closed: bool,
+    /// Whether the phase reports a rule at all.
+    reports: fn(Rule) -> bool,
     list: Vec<Finding>,
 }
 
 impl Findings {
     fn add(&mut self, rule: Rule, message: String, expected: Value, observed: Value) {
+        if !(self.reports)(rule) {
+            return;
+        }
         if let Some(severity) = severity(rule, self.policy, self.fail_closed) {
             self.list.push(Finding {
                 rule,
@@ -249,6 +271,11 @@ impl Findings {
                 observed,
             });
         }
+    }
+
+    /// A finding already weighed (`check-failed`), when the phase reports its rule.
+    fn push(&mut self, finding: Option<Finding>) {
+        self.list.extend(finding.filter(|f| (self.reports)(f.rule)));
     }
 }
 

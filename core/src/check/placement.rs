@@ -4,8 +4,8 @@
 use serde_json::json;
 
 use crate::idset::IdSet;
-use crate::intent::Policy;
-use crate::verdict::Rule;
+use crate::policy::Policy;
+use crate::rule::Rule;
 
 use super::context::{Context, Cpus};
 use super::{node_word, Findings};

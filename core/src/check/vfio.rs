@@ -3,9 +3,10 @@
 
 use serde_json::{json, Value};
 
-use crate::host::{Bdf, Locality};
+use crate::host::Locality;
 use crate::idset::IdSet;
-use crate::verdict::Rule;
+use crate::pci::Bdf;
+use crate::rule::Rule;
 
 use super::context::Context;
 use super::devices::Device;

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::host::Locality;
 use crate::kata::KataConfig;
 use crate::request::Resources;
-use crate::verdict::Rule;
+use crate::rule::Rule;
 use crate::vm::VmView;
 
 use super::context::Context;
@@ -46,7 +46,12 @@ fn vcpu_pinning_lost(cx: &Context<'_>, kata: &KataConfig, f: &mut Findings) {
     // Static sizing: the VM keeps the vCPUs it was built with. Otherwise Kata resizes it to
     // default_vcpus + the containers' limits.
     let (vcpus, how) = if kata.static_sandbox_resource_mgmt && cx.req.update.is_some() {
-        match cx.req.vm.filter(|v| v.vcpu_count() > 0) {
+        match cx
+            .req
+            .running_vm
+            .or(cx.req.vm)
+            .filter(|v| v.vcpu_count() > 0)
+        {
             Some(v) => (
                 u32::try_from(v.vcpu_count()).unwrap_or(u32::MAX),
                 "the VM's vCPUs (static sizing)",

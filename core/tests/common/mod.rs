@@ -183,6 +183,7 @@ pub fn update(
         overrides: Overrides::default(),
         kata: None,
         vm: None,
+        running_vm: None,
         kubelet: None,
     })
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::check::{check_failed, failed_verdict};
+use kata_topo_core::check::{could_not_run, Phase, Request, Running, Unread};
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::process::ProcessId;
@@ -26,8 +26,8 @@ use kata_topo_core::request::ContainerKind;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
-    Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Overrides, Request, Resources,
-    Rule, Sysfs, UpdateClass, Verdict,
+    Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Resources, Sysfs, UpdateClass,
+    Verdict,
 };
 use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist};
 use slog::Logger;
@@ -230,37 +230,66 @@ impl PodChecks {
         self.config.defaults()
     }
 
-    /// Runs the checker, or gives a `check-failed` verdict when it cannot run; never panics.
-    fn run_check(
-        &self,
-        req: &Request<'_>,
-        operation: Operation,
-        class: Option<UpdateClass>,
-    ) -> Verdict {
-        let spec = req.spec;
+    /// Runs one phase of a request against the topology as the daemon has it (waiting for a
+    /// first load under way, at most [`FIRST_LOAD_WAIT`]), or gives the core's `check-failed`
+    /// verdict when there is none yet. Never panics.
+    fn run(&self, phase: Phase<'_>, req: &Request<'_>) -> Verdict {
         let (host, stale) = self.host.current_within(FIRST_LOAD_WAIT);
         let Some(host) = host else {
             let reason = stale.unwrap_or_else(|| "no host topology".into());
-            return failed_verdict(Some(spec), operation, class, self.defaults(), &reason);
+            return req.could_not_run(phase, self.defaults(), &reason);
         };
-        let checker = Checker::new(&host, Some(&self.sysfs), self.defaults());
-        let mut verdict =
-            catch_unwind(AssertUnwindSafe(|| checker.check(req))).unwrap_or_else(|_| {
-                failed_verdict(
-                    Some(spec),
-                    operation,
-                    class,
-                    self.defaults(),
-                    "the checker failed unexpectedly",
-                )
-            });
-        if let Some(reason) = stale {
-            if let Some(f) = check_failed(verdict.policy, self.config.fail_closed, &reason) {
-                verdict.findings.push(f);
-                verdict.decide();
-            }
+        let checker =
+            Checker::new(&host, Some(&self.sysfs), self.defaults()).stale(stale.as_deref());
+        match phase {
+            Phase::Admit => checker.admit(req),
+            Phase::Recreate(baseline) => checker.recreate(req, baseline),
+            Phase::Update(running, update) => checker.update(req, running, update),
+            Phase::Observe(running, vm) => checker.observe(req, running, vm),
         }
-        verdict
+    }
+
+    /// The verdict of a request of this pod that could not be read (its spec, its
+    /// resources, its task): `check-failed`, for the task and the pod.
+    fn unread(&self, operation: Operation, task_id: &str, reason: &str) -> Verdict {
+        let unread = Unread {
+            operation,
+            class: None,
+            spec: None,
+            container_id: Some(task_id),
+            sandbox_id: Some(&self.group),
+            after_the_fact: false,
+        };
+        could_not_run(&unread, self.defaults(), reason)
+    }
+
+    /// The request about a task of this pod: its spec, the node's Kata configuration (the
+    /// core applies the pod's annotations), what the kubelet said.
+    fn request<'a>(
+        &'a self,
+        task_id: &'a str,
+        spec: &'a ContainerSpec,
+        kubelet: Option<&'a kata_topo_core::kubelet::KubeletView>,
+    ) -> Request<'a> {
+        Request {
+            container_id: Some(task_id),
+            kata: Some(&self.kata),
+            kubelet,
+            ..Request::new(spec)
+        }
+    }
+
+    /// The baseline a running task is held to: the sandbox's for the sandbox, else its
+    /// container name's.
+    fn baseline_of_task(&self, record: &TaskRecord) -> Option<Baseline> {
+        if record.sandbox {
+            self.store.baseline(&BaselineOf::Sandbox)
+        } else {
+            record
+                .container_name
+                .clone()
+                .and_then(|n| self.store.baseline(&BaselineOf::Container(n)))
+        }
     }
 
     /// A spec's baseline against the current topology; `None` before the first load.
@@ -294,15 +323,7 @@ impl PodChecks {
         let spec = match self.specs.fresh(bundle) {
             Ok(s) => s,
             Err(e) => {
-                let mut v = failed_verdict(
-                    None,
-                    Operation::Create,
-                    None,
-                    self.defaults(),
-                    &e.to_string(),
-                );
-                v.container_id = Some(task_id.to_string());
-                v.sandbox_id = Some(self.group.clone());
+                let v = self.unread(Operation::Create, task_id, &e.to_string());
                 return self.finish(task_id, v, started, None);
             }
         };
@@ -321,23 +342,13 @@ impl PodChecks {
             Some(o @ BaselineOf::Container(_)) => self.store.baseline(o),
             _ => None,
         };
-        let operation = match (sandbox, &existing) {
-            (true, _) => Operation::Sandbox,
-            (false, Some(_)) => Operation::Recreate,
-            (false, None) => Operation::Create,
+        let phase = match &existing {
+            Some(baseline) => Phase::Recreate(baseline),
+            None => Phase::Admit,
         };
-        let kata = self.kata.with_annotations(&spec.annotations);
         // The pod's first create asks the kubelet; its containers' creates use the answer.
         let kubelet = self.kubelet.view(&spec.pod, sandbox);
-        let request = Request {
-            baseline: existing.as_ref(),
-            container_id: Some(task_id),
-            kata: Some(&kata),
-            kubelet: kubelet.as_deref(),
-            ..Request::create(&spec)
-        };
-        let mut verdict = self.run_check(&request, operation, None);
-        verdict.container_id = Some(task_id.to_string());
+        let verdict = self.run(phase, &self.request(task_id, &spec, kubelet.as_deref()));
         let baseline = match (existing, of) {
             (None, Some(of)) => Some(Box::new(NewBaseline {
                 of,
@@ -381,9 +392,7 @@ impl PodChecks {
                     (_, Err(e)) => e.to_string(),
                     _ => "unreadable request".into(),
                 };
-                let mut v = failed_verdict(None, Operation::Update, None, self.defaults(), &reason);
-                v.container_id = Some(task_id.to_string());
-                v.sandbox_id = Some(self.group.clone());
+                let v = self.unread(Operation::Update, task_id, &reason);
                 return self.finish(task_id, v, started, None);
             }
         };
@@ -392,49 +401,36 @@ impl PodChecks {
             .clone()
             .unwrap_or_else(|| spec.resources.clone());
         let class = current.classify(&update);
-        let baseline = if record.sandbox {
-            self.store.baseline(&BaselineOf::Sandbox)
-        } else {
-            record
-                .container_name
-                .clone()
-                .and_then(|n| self.store.baseline(&BaselineOf::Container(n)))
-        };
-        let kata = self.kata.with_annotations(&spec.annotations);
+        let baseline = self.baseline_of_task(&record);
         // A resize asks the kubelet again; a cpuset push (the CPU manager's reconcile, sent to
         // every shared-pool container at once) is checked against what was kept.
         let resize = matches!(class, UpdateClass::Resize | UpdateClass::Mixed);
         let kubelet = self.kubelet.view(&spec.pod, resize);
+        let request = self.request(task_id, &spec, kubelet.as_deref());
         // Only static sizing needs the VM's real vCPU count to predict pinning. The count
         // comes from the VMM's vCPU fds: one look, no sampling of its threads (that waits,
-        // and the request must not).
+        // and the request must not). What the VM really does is reported once the delegate
+        // applied the update (`observe`).
         let vm = record
             .pid
-            .filter(|_| kata.enable_vcpus_pinning && kata.static_sandbox_resource_mgmt)
+            .filter(|_| {
+                request
+                    .pod_kata()
+                    .is_some_and(|k| k.enable_vcpus_pinning && k.static_sandbox_resource_mgmt)
+            })
             .and_then(|pid| {
-                self.vm_reader(&kata)
+                self.vm_reader()
                     .with_sampling(1, Duration::ZERO)
                     .read(pid)
                     .ok()
             })
             .filter(VmView::is_vmm);
-        let request = Request {
-            spec: &spec,
-            update: Some(&update),
+        let running = Running {
             current: Some(&current),
             baseline: baseline.as_ref(),
-            container_id: Some(task_id),
-            overrides: Overrides::default(),
-            kata: Some(&kata),
             vm: vm.as_ref(),
-            kubelet: kubelet.as_deref(),
         };
-        let mut verdict = self.run_check(&request, Operation::Update, Some(class));
-        // The VM view informs the prediction (static sizing keeps the VM's vCPUs); what the
-        // VM really does is reported once the delegate applied the update (`observe`).
-        verdict.findings.retain(|f| !is_observed(f.rule));
-        verdict.decide();
-        verdict.container_id = Some(task_id.to_string());
+        let verdict = self.run(Phase::Update(running, &update), &request);
         let accept = OnAccept::Updated {
             task_id: task_id.to_string(),
             resources: current.merged(&update),
@@ -555,41 +551,26 @@ impl PodChecks {
         let Ok(spec) = self.specs.get(&record.bundle) else {
             return;
         };
-        let kata = self.kata.with_annotations(&spec.annotations);
-        let Ok(view) = self.vm_reader(&kata).read(pid) else {
+        let Ok(view) = self.vm_reader().read(pid) else {
             return;
         };
         if !view.is_vmm() {
             return;
         }
         let started = Instant::now();
-        let current = record
-            .resources
-            .clone()
-            .unwrap_or_else(|| spec.resources.clone());
-        let baseline = record
-            .container_name
-            .clone()
-            .and_then(|n| self.store.baseline(&BaselineOf::Container(n)));
+        let baseline = self.baseline_of_task(&record);
         // Off the request path, and never a question to the kubelet: what was kept.
         let kubelet = self.kubelet.kept();
-        let request = Request {
-            spec: &spec,
-            update: Some(&current),
-            current: Some(&current),
+        let running = Running {
+            current: record.resources.as_ref(),
             baseline: baseline.as_ref(),
-            container_id: Some(task_id),
-            overrides: Overrides::default(),
-            kata: Some(&kata),
-            vm: Some(&view),
-            kubelet: kubelet.as_deref(),
+            vm: None,
         };
-        let mut verdict = self.run_check(&request, Operation::Update, Some(UpdateClass::Noop));
-        verdict.container_id = Some(task_id.to_string());
-        verdict.findings.retain(|f| is_observed(f.rule));
-        verdict.decide();
-        // Observed after the fact: nothing to refuse any more, whatever the mode.
-        verdict.decision = Decision::Allow;
+        // After the fact: the core reports the VM's own rules only and refuses nothing.
+        let verdict = self.run(
+            Phase::Observe(running, &view),
+            &self.request(task_id, &spec, kubelet.as_deref()),
+        );
         self.deliver(
             VerdictOf::Vm(task_id.to_string()),
             &verdict,
@@ -604,18 +585,25 @@ impl PodChecks {
             "Update" => Operation::Update,
             _ => Operation::Create,
         };
-        let mut v = failed_verdict(None, operation, None, self.defaults(), reason);
-        v.sandbox_id = Some(self.group.clone());
-        v.decision = Decision::Allow;
+        // The request went on unchecked: nothing is left to refuse.
+        let unread = Unread {
+            operation,
+            class: None,
+            spec: None,
+            container_id: None,
+            sandbox_id: Some(&self.group),
+            after_the_fact: true,
+        };
+        let v = could_not_run(&unread, self.defaults(), reason);
         self.deliver(VerdictOf::Pod, &v, Duration::ZERO);
     }
 
     /// What reads this sandbox's VMM: a process is taken for it only when it is root's, runs
     /// the configured hypervisor (Kata's `[hypervisor.*] path`, when there is one) and
     /// belongs to this sandbox — a cgroup naming it, or the delegate among its ancestors.
-    fn vm_reader(&self, kata: &KataConfig) -> VmReader {
+    fn vm_reader(&self) -> VmReader {
         VmReader::new(&self.config.procfs_root).with_identity(Identity {
-            hypervisor: kata.hypervisor_path.clone(),
+            hypervisor: self.kata.hypervisor_path.clone(),
             sandbox_id: Some(self.group.clone()),
             shim_pid: self.delegate_pid.get().copied(),
             ..Identity::default()
@@ -666,11 +654,6 @@ impl PodChecks {
             .map(Path::to_path_buf)
             .expect("the pod's state is mirrored")
     }
-}
-
-/// Rules about what the VM actually does, reported after the delegate applied a request.
-fn is_observed(rule: Rule) -> bool {
-    matches!(rule, Rule::VcpuAffinityDrift | Rule::VcpuOverlap)
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -1,6 +1,7 @@
 use super::testing::{pod, pod_configured, pod_with};
 use super::*;
 use crate::ttrpc::Code;
+use kata_topo_core::Rule;
 
 const CROSS: &str = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
 

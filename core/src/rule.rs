@@ -1,0 +1,200 @@
+//! The rules' vocabulary: the [`Rule`] ids, the [`Severity`] of a [`Finding`], and the one
+//! table ([`severity()`]) that says how much each rule weighs under each policy.
+
+mod severity;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use severity::{at_least_as_strict, severity};
+
+/// How bad a finding is; the policy decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Severity {
+    /// Worth knowing.
+    Info,
+    /// Placement is off but the policy tolerates it.
+    Warning,
+    /// The policy forbids it; enforce mode refuses the request.
+    Error,
+}
+
+/// The rule ids (stable; monitoring matches on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// The cpuset names CPUs the host does not have, or that are offline.
+    CpuUnknown,
+    /// `single-numa-node`: the CPUs cover more than one NUMA node.
+    CpuSpansNuma,
+    /// CPUs on NUMA nodes outside the allowed ones.
+    CpuOutsideIntent,
+    /// `cpuset.mems` outside the allowed nodes, or not the nodes of the CPUs.
+    MemsMismatch,
+    /// The memory limit exceeds the memory of the allowed nodes.
+    MemoryExceedsNodes,
+    /// A VFIO device is local to a node that holds none of the container's CPUs.
+    VfioRemote,
+    /// A VFIO device's locality cannot be determined on a multi-node host.
+    VfioLocalityUnknown,
+    /// A VFIO group or device is gone or no longer bound to vfio-pci.
+    VfioMissing,
+    /// The host topology changed since the baseline.
+    TopologyDrift,
+    /// Kata pinning is configured but cannot hold.
+    VcpuPinningLost,
+    /// A vCPU thread may run on CPUs outside the allowed nodes.
+    VcpuAffinityDrift,
+    /// Several vCPU threads pinned to one host CPU.
+    VcpuOverlap,
+    /// Kata NUMA mode: a VFIO device's host node is not mapped into the guest.
+    GuestNumaUncovered,
+    /// The check itself could not run.
+    CheckFailed,
+    /// An annotation value is invalid.
+    IntentInvalid,
+    /// A pod annotation would weaken what the node's configuration sets, or override it where
+    /// `pod_overrides` allows none: ignored, and said.
+    OverrideIgnored,
+    /// The container's cpuset is not the set of exclusive CPUs the kubelet's CPU manager
+    /// assigned it.
+    KubeletCpusMismatch,
+    /// A device the kubelet allocated the container sits on another NUMA node than the
+    /// topology hint it was admitted with, or is not in the container.
+    KubeletDeviceMismatch,
+    /// The kubelet was to give the intent and could not (timeout, refusal, garbage, a socket
+    /// not root's): the annotations and the baseline stand in, and this says why.
+    KubeletIntentUnavailable,
+}
+
+impl Rule {
+    /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
+    /// the severity table and the one in `docs/rules.md` are held complete against.
+    pub const ALL: [Rule; 19] = [
+        Self::CpuUnknown,
+        Self::CpuSpansNuma,
+        Self::CpuOutsideIntent,
+        Self::MemsMismatch,
+        Self::MemoryExceedsNodes,
+        Self::VfioRemote,
+        Self::VfioLocalityUnknown,
+        Self::VfioMissing,
+        Self::TopologyDrift,
+        Self::VcpuPinningLost,
+        Self::VcpuAffinityDrift,
+        Self::VcpuOverlap,
+        Self::GuestNumaUncovered,
+        Self::CheckFailed,
+        Self::IntentInvalid,
+        Self::OverrideIgnored,
+        Self::KubeletCpusMismatch,
+        Self::KubeletDeviceMismatch,
+        Self::KubeletIntentUnavailable,
+    ];
+
+    /// The kebab-case id.
+    pub fn id(self) -> &'static str {
+        match self {
+            Self::CpuUnknown => "cpu-unknown",
+            Self::CpuSpansNuma => "cpu-spans-numa",
+            Self::CpuOutsideIntent => "cpu-outside-intent",
+            Self::MemsMismatch => "mems-mismatch",
+            Self::MemoryExceedsNodes => "memory-exceeds-nodes",
+            Self::VfioRemote => "vfio-remote",
+            Self::VfioLocalityUnknown => "vfio-locality-unknown",
+            Self::VfioMissing => "vfio-missing",
+            Self::TopologyDrift => "topology-drift",
+            Self::VcpuPinningLost => "vcpu-pinning-lost",
+            Self::VcpuAffinityDrift => "vcpu-affinity-drift",
+            Self::VcpuOverlap => "vcpu-overlap",
+            Self::GuestNumaUncovered => "guest-numa-uncovered",
+            Self::CheckFailed => "check-failed",
+            Self::IntentInvalid => "intent-invalid",
+            Self::OverrideIgnored => "override-ignored",
+            Self::KubeletCpusMismatch => "kubelet-cpus-mismatch",
+            Self::KubeletDeviceMismatch => "kubelet-device-mismatch",
+            Self::KubeletIntentUnavailable => "kubelet-intent-unavailable",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Error => "error",
+        })
+    }
+}
+
+/// One thing that does not match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The rule.
+    pub rule: Rule,
+    /// Its severity under the pod's policy.
+    pub severity: Severity,
+    /// What was expected, what was found, what to do.
+    pub message: String,
+    /// The expected state, as data.
+    pub expected: Value,
+    /// The observed state, as data.
+    pub observed: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_rule_once_in_declaration_order() {
+        // serde names every variant, in declaration order, when it refuses an unknown one: the
+        // enum's own list, so a rule missing from ALL fails here.
+        let refusal = serde_json::from_str::<Rule>("\"no-such-rule\"")
+            .expect_err("not a rule")
+            .to_string();
+        let variants: Vec<&str> = refusal.split('`').skip(3).step_by(2).collect();
+        let ids: Vec<&str> = Rule::ALL.iter().map(|r| r.id()).collect();
+        assert_eq!(variants, ids, "{refusal}");
+        for (i, rule) in Rule::ALL.into_iter().enumerate() {
+            assert_eq!(rule as usize, i, "{rule}");
+        }
+    }
+
+    #[test]
+    fn rule_ids_match_serde_names() {
+        for rule in [
+            Rule::CpuUnknown,
+            Rule::CpuSpansNuma,
+            Rule::CpuOutsideIntent,
+            Rule::MemsMismatch,
+            Rule::MemoryExceedsNodes,
+            Rule::VfioRemote,
+            Rule::VfioLocalityUnknown,
+            Rule::VfioMissing,
+            Rule::TopologyDrift,
+            Rule::VcpuPinningLost,
+            Rule::VcpuAffinityDrift,
+            Rule::VcpuOverlap,
+            Rule::GuestNumaUncovered,
+            Rule::CheckFailed,
+            Rule::IntentInvalid,
+            Rule::OverrideIgnored,
+        ] {
+            assert_eq!(
+                serde_json::to_value(rule).ok(),
+                Some(Value::from(rule.id()))
+            );
+        }
+    }
+}
