@@ -496,13 +496,19 @@ step_kubelet_containerd_restart() {
   resized=$(rules_since "${mark}" '.pod_name == "kt-late" and .class == "resize"')
   running=$(k get pods -o jsonpath='{range .items[*]}{.metadata.name}={.status.phase}/{.status.containerStatuses[0].restartCount} {end}')
   after=$(wrappers)
+  # The CPU manager pushes kt-gpu's exclusive CPU to it after each start and after its own
+  # restart: each push checked against what the kubelet admitted, and clean.
+  local gpu
+  gpu=$(verdict_of kt-gpu)
   local detail
-  detail="wrapper pids before [${before}] after [${after}]; pods ${running}; findings logged across the restarts: ${findings}; kt-late resized to ${again}Mi after them: [${resized}]"
+  detail="wrapper pids before [${before}] after [${after}]; pods ${running}; findings logged across the restarts: ${findings}; kt-late resized to ${again}Mi after them: [${resized}]; kt-gpu's latest verdict: $(jq -c '{operation, class, intent_source, kubelet_cpus: .kubelet.cpus, findings: [.findings[].rule]}' <<< "${gpu:-null}" 2> /dev/null)"
   if [ "${before}" = "${after}" ] && [ -n "${before}" ] && [ "${findings}" = 0 ] \
-    && [ "${resized}" = memory-exceeds-nodes ]; then
+    && [ "${resized}" = memory-exceeds-nodes ] \
+    && jq -e '.operation == "update" and .intent_source == "kubelet" and .kubelet.cpus == "1"
+        and (.findings | length) == 0' <<< "${gpu:-null}" > /dev/null; then
     record kubelet-containerd-restart true "" "${detail}"
   else
-    record kubelet-containerd-restart false "" "expected the same wrappers, no finding announced again, and the resize after the restarts checked: ${detail}"
+    record kubelet-containerd-restart false "" "expected the same wrappers, no finding announced again, the resize after the restarts checked, and kt-gpu's cpuset pushes checked against the kubelet's admission: ${detail}"
   fi
 }
 
