@@ -291,7 +291,7 @@ impl KataConfig {
     /// hypervisor ones only when `enable_annotations` allows them (Kata rejects the sandbox
     /// otherwise), runtime ones always. Values that do not parse are left out, as Kata refuses
     /// such a sandbox before kata-topo would matter.
-    pub fn with_annotations(&self, annotations: &BTreeMap<String, String>) -> Self {
+    pub(crate) fn with_annotations(&self, annotations: &BTreeMap<String, String>) -> Self {
         let mut c = self.clone();
         const HV: &str = "io.katacontainers.config.hypervisor.";
         const RT: &str = "io.katacontainers.config.runtime.";

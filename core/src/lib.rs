@@ -2,7 +2,8 @@
 //! what a request asks (OCI spec, `LinuxResources`), and which rules that breaks.
 //!
 //! No async runtime and no transport here: the shim, the hook and the CLI are thin layers over
-//! [`check::Checker`].
+//! [`check::Checker`] and its one entry point per phase (`admit`, `recreate`, `update`,
+//! `observe`), which give finished verdicts.
 
 #![forbid(unsafe_code)]
 
@@ -38,7 +39,7 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
-pub use check::{Checker, Input as Request, Overrides};
+pub use check::{Checker, Overrides, Phase, Request, Running};
 pub use host::{Host, Locality, TopologySource};
 pub use idset::IdSet;
 pub use intent::Baseline;

@@ -96,8 +96,9 @@ pub struct Verdict {
     pub policy: Policy,
     /// The mode applied.
     pub mode: Mode,
-    /// Whether the request goes through.
-    pub decision: Decision,
+    /// Whether the request goes through: made by the check, last, from the mode and the
+    /// findings ([`Verdict::decision`]); nothing else sets it.
+    pub(crate) decision: Decision,
     /// What does not match.
     pub findings: Vec<Finding>,
     /// Where the intent came from: `kubelet`, `annotations` or `baseline`.
@@ -114,14 +115,13 @@ impl Verdict {
         self.findings.iter().any(|f| f.severity == Severity::Error)
     }
 
-    /// Sets [`Verdict::decision`] from the mode and the findings: `reject` only in enforce
-    /// mode with an `error` finding.
-    pub fn decide(&mut self) {
-        self.settle(true);
+    /// Whether the request goes through.
+    pub fn decision(&self) -> Decision {
+        self.decision
     }
 
-    /// Sets [`Verdict::decision`]: `reject` only when the request can still be refused
-    /// (`refusable`), in enforce mode, with an `error` finding.
+    /// Decides: `reject` only when the request can still be refused (`refusable`), in enforce
+    /// mode, with an `error` finding.
     pub(crate) fn settle(&mut self, refusable: bool) {
         self.decision = if refusable && self.mode == Mode::Enforce && self.has_error() {
             Decision::Reject
@@ -245,7 +245,7 @@ mod tests {
             (Mode::Audit, Severity::Error, Decision::Allow),
         ] {
             let mut v = verdict(mode, sev);
-            v.decide();
+            v.settle(true);
             assert_eq!(v.decision, want, "{mode:?} {sev:?}");
         }
     }

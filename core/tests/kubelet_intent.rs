@@ -11,7 +11,7 @@ use kata_topo_core::kubelet::{
     PodAdmission, TopologyScope,
 };
 use kata_topo_core::{
-    Checker, ContainerSpec, Decision, Defaults, Mode, Policy, Request, Resources, Rule,
+    Checker, ContainerSpec, Decision, Defaults, Mode, Policy, Request, Resources, Rule, Running,
     Severity::*, Verdict,
 };
 use serde_json::json;
@@ -78,11 +78,15 @@ fn check(
     let host = host(DGX2);
     let tree = dgx2_tree();
     let sysfs = tree.sysfs();
-    Checker::new(&host, Some(&sysfs), defaults).check(&Request {
-        update,
+    let checker = Checker::new(&host, Some(&sysfs), defaults);
+    let req = Request {
         kubelet: Some(kubelet),
-        ..Request::create(spec)
-    })
+        ..Request::new(spec)
+    };
+    match update {
+        Some(update) => checker.update(&req, Running::default(), update),
+        None => checker.admit(&req),
+    }
 }
 
 fn stricter_only() -> Defaults {
@@ -150,7 +154,7 @@ fn a_cpuset_push_off_the_exclusive_cpus_is_a_kubelet_mismatch() {
     };
     let kubelet = admitted(Policy::Restricted, TopologyScope::Container, "1");
     let v = check(enforce, &trainer, Some(&push), &kubelet);
-    assert_eq!(v.decision, Decision::Reject);
+    assert_eq!(v.decision(), Decision::Reject);
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn dgx2_local_gpu_is_clean_and_remote_gpu_is_an_error() {
     let v = create(&host, Some(&sysfs), &local);
     assert_eq!(rules(&v), vec![], "{:#?}", v.findings);
     assert_eq!(v.operation, Operation::Create);
-    assert_eq!(v.decision, Decision::Allow);
+    assert_eq!(v.decision(), Decision::Allow);
 
     let remote = spec().cpus("0-1").device("/dev/vfio/20").build();
     let v = create(&host, Some(&sysfs), &remote);
@@ -63,7 +63,7 @@ fn dgx2_cpuset_push_to_the_other_socket_is_caught_and_refused_in_enforce() {
             (VfioRemote, Error)
         ]
     );
-    assert_eq!(v.decision, Decision::Allow, "audit mode never refuses");
+    assert_eq!(v.decision(), Decision::Allow, "audit mode never refuses");
     assert_eq!(
         finding(&v, CpuOutsideIntent).expected,
         json!({"numa_nodes": [0]})
@@ -77,14 +77,14 @@ fn dgx2_cpuset_push_to_the_other_socket_is_caught_and_refused_in_enforce() {
         .build();
     let v = update(&host, Some(&sysfs), &enforcing, &push);
     assert_eq!(v.mode, Mode::Enforce);
-    assert_eq!(v.decision, Decision::Reject);
+    assert_eq!(v.decision(), Decision::Reject);
 
     // A resize that keeps the cpuset is allowed even in enforce mode.
     let resize = resources(json!({"cpu": {"quota": 300000, "period": 100000}}));
     let v = update(&host, Some(&sysfs), &enforcing, &resize);
     assert_eq!(v.class, Some(UpdateClass::Resize));
     assert_eq!(rules(&v), vec![]);
-    assert_eq!(v.decision, Decision::Allow);
+    assert_eq!(v.decision(), Decision::Allow);
 }
 
 #[test]
@@ -450,9 +450,9 @@ fn check_failed_when_devices_cannot_be_resolved() {
             ..defaults()
         },
     )
-    .check(&kata_topo_core::Request::create(&s));
+    .admit(&kata_topo_core::Request::new(&s));
     assert_eq!(rules(&closed), vec![(CheckFailed, Error)]);
-    assert_eq!(closed.decision, Decision::Reject);
+    assert_eq!(closed.decision(), Decision::Reject);
 }
 
 #[test]
@@ -500,10 +500,17 @@ fn policies_none_and_best_effort() {
         rules(&be),
         vec![(CpuOutsideIntent, Warning), (VfioRemote, Warning)]
     );
-    let mut enforce = be.clone();
-    enforce.mode = Mode::Enforce;
-    enforce.decide();
-    assert_eq!(enforce.decision, Decision::Allow, "warnings never refuse");
+    let enforce = create(
+        &host,
+        Some(&sysfs),
+        &base()
+            .policy("best-effort")
+            .annotation("kata-topo.io/mode", "enforce")
+            .build(),
+    );
+    assert_eq!(rules(&enforce), rules(&be));
+    assert_eq!(enforce.mode, Mode::Enforce);
+    assert_eq!(enforce.decision(), Decision::Allow, "warnings never refuse");
 }
 
 #[test]
@@ -562,11 +569,15 @@ fn check_with_kata(
     update: Option<&kata_topo_core::Resources>,
     kata: &kata_topo_core::kata::KataConfig,
 ) -> kata_topo_core::Verdict {
-    kata_topo_core::Checker::new(host, sysfs, defaults()).check(&kata_topo_core::Request {
-        update,
+    let checker = kata_topo_core::Checker::new(host, sysfs, defaults());
+    let req = kata_topo_core::Request {
         kata: Some(kata),
-        ..kata_topo_core::Request::create(spec)
-    })
+        ..kata_topo_core::Request::new(spec)
+    };
+    match update {
+        Some(update) => checker.update(&req, kata_topo_core::Running::default(), update),
+        None => checker.admit(&req),
+    }
 }
 
 #[test]
@@ -696,9 +707,9 @@ fn vm_rules_on_the_vcpu_threads() {
     let host = host(DGX2);
     let s = spec().cpus("0-1").build();
     let check = |vm: &kata_topo_core::vm::VmView| {
-        kata_topo_core::Checker::new(&host, None, defaults()).check(&kata_topo_core::Request {
+        kata_topo_core::Checker::new(&host, None, defaults()).admit(&kata_topo_core::Request {
             vm: Some(vm),
-            ..kata_topo_core::Request::create(&s)
+            ..kata_topo_core::Request::new(&s)
         })
     };
     // Each vCPU on its own CPU of node 0, where the cpuset is: nothing to report.
@@ -752,13 +763,14 @@ fn every_rule_message_is_one_clean_line() {
     let mut verdicts = vec![
         // cpu-spans-numa, cpu-outside-intent, vfio-remote, vfio-missing (both kinds),
         // vcpu-pinning-lost, vcpu-affinity-drift, vcpu-overlap.
-        kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).check(
+        kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).update(
             &kata_topo_core::Request {
-                update: Some(&resize),
                 kata: Some(&pinning),
                 vm: Some(&vm),
-                ..kata_topo_core::Request::create(&single)
+                ..kata_topo_core::Request::new(&single)
             },
+            kata_topo_core::Running::default(),
+            &resize,
         ),
         // guest-numa-uncovered.
         check_with_kata(&dgx2, Some(&sysfs), &single, None, &numa),
@@ -782,8 +794,8 @@ fn every_rule_message_is_one_clean_line() {
     ];
     // override-ignored: a pod asking for a weaker policy than the node's.
     verdicts.push(
-        kata_topo_core::Checker::new(&dgx2, None, Defaults::default()).check(
-            &kata_topo_core::Request::create(&spec().cpus("0-1").policy("none").build()),
+        kata_topo_core::Checker::new(&dgx2, None, Defaults::default()).admit(
+            &kata_topo_core::Request::new(&spec().cpus("0-1").policy("none").build()),
         ),
     );
     // cpu-unknown.
@@ -850,10 +862,10 @@ fn every_rule_message_is_one_clean_line() {
     let on_node_1 = spec().cpus("24").device("/dev/vfio/20").build();
     for view in [&admitted, &unavailable] {
         verdicts.push(
-            kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).check(
+            kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).admit(
                 &kata_topo_core::Request {
                     kubelet: Some(view),
-                    ..kata_topo_core::Request::create(&on_node_1)
+                    ..kata_topo_core::Request::new(&on_node_1)
                 },
             ),
         );
@@ -909,15 +921,15 @@ fn a_pod_cannot_weaken_the_nodes_enforcement() {
         let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), enforce);
         let baseline = checker.record_baseline(&s);
         let check = |checker: kata_topo_core::Checker<'_>| {
-            checker.check(&kata_topo_core::Request {
-                update: Some(&push),
+            let running = kata_topo_core::Running {
                 baseline: Some(&baseline),
-                ..kata_topo_core::Request::create(&s)
-            })
+                ..kata_topo_core::Running::default()
+            };
+            checker.update(&kata_topo_core::Request::new(&s), running, &push)
         };
         let v = check(checker);
         assert_eq!((v.policy, v.mode), (Policy::Restricted, Mode::Enforce));
-        assert_eq!(v.decision, Decision::Reject, "{weaker}: {v:#?}");
+        assert_eq!(v.decision(), Decision::Reject, "{weaker}: {v:#?}");
         let ignored: Vec<&str> = v
             .findings
             .iter()
@@ -936,6 +948,6 @@ fn a_pod_cannot_weaken_the_nodes_enforcement() {
         };
         let v = check(kata_topo_core::Checker::new(&host, Some(&sysfs), any));
         assert_eq!(v.mode, Mode::Audit);
-        assert_eq!(v.decision, Decision::Allow, "{weaker}");
+        assert_eq!(v.decision(), Decision::Allow, "{weaker}");
     }
 }

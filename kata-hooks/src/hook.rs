@@ -145,7 +145,7 @@ pub fn run() -> Result<(), HookError> {
         // A log that cannot be written (a FIFO nobody reads) is not waited for past the budget.
         log.flush(deadline);
     }
-    if verdict.decision == Decision::Reject {
+    if verdict.decision() == Decision::Reject {
         let failed = verdict
             .findings
             .iter()
@@ -299,7 +299,7 @@ fn check(
         None => checker.admit(&request),
     };
     if let (Some(s), Some(n), None) = (&store, &name, &baseline) {
-        if verdict.decision == Decision::Allow {
+        if verdict.decision() == Decision::Allow {
             progress.set("recording the container's baseline");
             let _ = s.save_container_baseline(n, &checker.record_baseline(&spec));
         }

@@ -369,7 +369,7 @@ pub fn log_verdict(log: &Logger, v: &Verdict) {
             "severity" => f.severity.to_string(),
             "operation" => v.operation.to_string(),
             "class" => v.class.map(|c| c.to_string()),
-            "decision" => v.decision.to_string(),
+            "decision" => v.decision().to_string(),
             "policy" => v.policy.to_string(),
             "mode" => v.mode.to_string(),
             "sandbox_id" => s(&v.sandbox_id),
@@ -384,7 +384,7 @@ pub fn log_verdict(log: &Logger, v: &Verdict) {
             "observed" => slog::Serde(f.observed.clone()),
         );
         let child = log.new(kv);
-        match v.decision {
+        match v.decision() {
             Decision::Reject => slog::error!(child, "{}", f.message),
             Decision::Allow => slog::warn!(child, "{}", f.message),
         }

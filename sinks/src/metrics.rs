@@ -156,7 +156,7 @@ impl Metrics {
     pub fn observe(&self, v: &Verdict, elapsed: Duration) {
         self.update(|c| {
             *c.checks
-                .entry((v.operation.to_string(), v.decision.to_string()))
+                .entry((v.operation.to_string(), v.decision().to_string()))
                 .or_insert(0) += 1;
             for f in &v.findings {
                 *c.findings

@@ -1,6 +1,9 @@
 //! The rules: one request (create, recreate or update) against the pod's intent, its baseline
 //! and the host as it is now, giving a [`Verdict`].
 //!
+//! - `phase.rs`: the entry points, one per phase ([`Checker::admit`], [`Checker::recreate`],
+//!   [`Checker::update`], [`Checker::observe`]), and [`could_not_run`]; each lowers its
+//!   [`Request`] for the rules and makes the verdict's decision, last.
 //! - the severity policy is not here but in [`crate::rule`] (`rule/severity.rs`): one table from
 //!   rule × policy to severity, read through [`severity()`]; the "Severity by policy" table of
 //!   `docs/rules.md` is tested against it.
@@ -34,7 +37,7 @@ use crate::policy::{Defaults, Mode, Policy};
 use crate::request::{ContainerSpec, Resources};
 use crate::rule::{severity, Finding, Rule};
 use crate::sysfs::Sysfs;
-use crate::verdict::{Decision, Operation, Verdict};
+use crate::verdict::{Decision, Verdict};
 use crate::vm::VmView;
 
 use context::Context;
@@ -50,37 +53,37 @@ pub struct Overrides {
     pub mode: Option<Mode>,
 }
 
-/// One request to check, lowered: what a phase of [`Request`] works out for the rules (the
-/// old single entry point, [`Checker::check`], takes it as is).
+/// One request to check, lowered: what a phase of [`Request`] gives the rules.
 #[derive(Debug, Clone, Copy)]
-pub struct Input<'a> {
+struct Input<'a> {
     /// The container's OCI spec (annotations, devices, resources at create).
-    pub spec: &'a ContainerSpec,
+    spec: &'a ContainerSpec,
     /// For an update: the new `LinuxResources`.
-    pub update: Option<&'a Resources>,
+    update: Option<&'a Resources>,
     /// For an update: the resources in force before it (default: the spec's).
-    pub current: Option<&'a Resources>,
+    current: Option<&'a Resources>,
     /// The container's baseline, if one was recorded (makes a create a recreate).
-    pub baseline: Option<&'a Baseline>,
+    baseline: Option<&'a Baseline>,
     /// The container (task) id, when known.
-    pub container_id: Option<&'a str>,
+    container_id: Option<&'a str>,
     /// CLI overrides.
-    pub overrides: Overrides,
+    overrides: Overrides,
     /// Kata's configuration (with the pod's annotations applied), for the VM rules.
-    pub kata: Option<&'a KataConfig>,
+    kata: Option<&'a KataConfig>,
     /// What the VM actually got, for the observed VM rules.
-    pub vm: Option<&'a VmView>,
+    vm: Option<&'a VmView>,
     /// The VM the container runs in, read before an update: the vCPUs static sizing keeps
     /// (default: `vm`).
-    pub running_vm: Option<&'a VmView>,
+    running_vm: Option<&'a VmView>,
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
-    pub kubelet: Option<&'a KubeletView>,
+    kubelet: Option<&'a KubeletView>,
 }
 
+#[cfg(test)]
 impl<'a> Input<'a> {
     /// A create (or recreate, with a baseline) of this spec.
-    pub fn create(spec: &'a ContainerSpec) -> Self {
+    fn create(spec: &'a ContainerSpec) -> Self {
         Self {
             spec,
             update: None,
@@ -97,7 +100,7 @@ impl<'a> Input<'a> {
 }
 
 /// A `check-failed` finding under a policy, or `None` when the policy does not report it.
-pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
+fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<Finding> {
     severity(Rule::CheckFailed, policy, fail_closed).map(|severity| Finding {
         rule: Rule::CheckFailed,
         severity,
@@ -105,48 +108,6 @@ pub fn check_failed(policy: Policy, fail_closed: bool, reason: &str) -> Option<F
         expected: json!({"check": "completed"}),
         observed: json!({"error": reason}),
     })
-}
-
-/// The verdict for a request whose check could not run at all (no host topology, unreadable
-/// spec): one `check-failed` finding. Policy and mode come from the annotations when they are
-/// valid, else from the defaults.
-pub fn failed_verdict(
-    spec: Option<&ContainerSpec>,
-    operation: Operation,
-    class: Option<crate::verdict::UpdateClass>,
-    defaults: Defaults,
-    reason: &str,
-) -> Verdict {
-    let annotation = |key: &str| spec.and_then(|s| s.annotations.get(key));
-    let (policy, mode, ignored) = crate::intent::Intent::within(
-        annotation(crate::intent::ANNOTATION_POLICY).and_then(|v| v.parse().ok()),
-        annotation(crate::intent::ANNOTATION_MODE).and_then(|v| v.parse().ok()),
-        &defaults,
-    );
-    let mut verdict = Verdict {
-        operation,
-        class,
-        sandbox_id: spec.and_then(|s| s.sandbox_id.clone()),
-        container_id: None,
-        container_name: spec.and_then(|s| s.container_name.clone()),
-        pod: spec.map(|s| s.pod.clone()).unwrap_or_default(),
-        policy,
-        mode,
-        decision: Decision::Allow,
-        intent_source: crate::intent::IntentOrigin::default(),
-        kubelet: None,
-        findings: check_failed(policy, defaults.fail_closed, reason)
-            .into_iter()
-            .chain(ignored.into_iter().filter_map(|f| {
-                Some(Finding {
-                    severity: severity(f.rule, policy, defaults.fail_closed)?,
-                    ..f
-                })
-            }))
-            .collect(),
-    };
-    verdict.decide();
-    verdict
 }
 
 /// Runs the rules against one host.
@@ -184,15 +145,10 @@ impl<'h> Checker<'h> {
         self.host
     }
 
-    /// Checks one request: works out its context, then runs the rule families over it.
-    pub fn check(&self, req: &Input<'_>) -> Verdict {
-        self.verdict(req, |_| true, None)
-    }
-
-    /// The verdict on one lowered request: its context worked out, the rule families run over
-    /// it, findings of rules `reports` keeps weighed by the severity table, then `stale` (why
-    /// the host may be out of date) as a `check-failed` finding.
-    fn verdict(&self, req: &Input<'_>, reports: fn(Rule) -> bool, stale: Option<&str>) -> Verdict {
+    /// The verdict on one lowered request, not yet decided: its context worked out, the rule
+    /// families run over it, findings of rules `reports` keeps weighed by the severity table,
+    /// then why the host may be out of date as a `check-failed` finding.
+    fn verdict(&self, req: &Input<'_>, reports: fn(Rule) -> bool) -> Verdict {
         let (cx, invalid_intent) = Context::new(self, *req);
         let mut f = Findings {
             policy: cx.policy,
@@ -212,11 +168,11 @@ impl<'h> Checker<'h> {
         for family in FAMILIES {
             family(&cx, &mut f);
         }
-        if let Some(reason) = stale {
+        if let Some(reason) = self.stale {
             f.push(check_failed(cx.policy, self.defaults.fail_closed, reason));
         }
         let spec = req.spec;
-        let mut verdict = Verdict {
+        Verdict {
             operation: cx.operation,
             class: cx.class,
             sandbox_id: spec.sandbox_id.clone(),
@@ -232,9 +188,7 @@ impl<'h> Checker<'h> {
                 .kubelet
                 .as_ref()
                 .map(crate::intent::KubeletIntent::reported),
-        };
-        verdict.decide();
-        verdict
+        }
     }
 }
 

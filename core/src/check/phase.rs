@@ -227,9 +227,7 @@ impl Checker<'_> {
             }
         };
         let refuses = phase.refuses() && !req.after_the_fact;
-        match catch_unwind(AssertUnwindSafe(|| {
-            self.verdict(&input, phase.reports(), self.stale)
-        })) {
+        match catch_unwind(AssertUnwindSafe(|| self.verdict(&input, phase.reports()))) {
             Ok(mut verdict) => {
                 verdict.settle(refuses);
                 verdict
@@ -425,7 +423,7 @@ mod tests {
         for (i, (v, operation, class)) in cases.into_iter().enumerate() {
             assert_eq!((v.operation, v.class), (operation, class), "case {i}");
             assert!(v.findings.is_empty(), "case {i}: {:?}", v.findings);
-            assert_eq!(v.decision, Decision::Allow, "case {i}");
+            assert_eq!(v.decision(), Decision::Allow, "case {i}");
             if operation != Operation::Sandbox {
                 assert_eq!(v.container_id.as_deref(), Some("c-1"), "case {i}");
                 assert_eq!(v.sandbox_id.as_deref(), Some("sb-1"), "case {i}");
@@ -451,7 +449,7 @@ mod tests {
         };
         let update = checker.update(&req, running, &away);
         assert_eq!(rules(&update), [Rule::CpuOutsideIntent]);
-        assert_eq!(update.decision, Decision::Reject);
+        assert_eq!(update.decision(), Decision::Reject);
         // A VM given with the request (the CLI's --vm-pid) is judged.
         let judged = Request {
             vm: Some(&floating),
@@ -470,7 +468,7 @@ mod tests {
         assert_eq!(seen.class, Some(UpdateClass::Noop));
         assert_eq!(rules(&seen), [Rule::VcpuAffinityDrift, Rule::VcpuOverlap]);
         assert!(seen.has_error() && seen.mode == Mode::Enforce);
-        assert_eq!(seen.decision, Decision::Allow);
+        assert_eq!(seen.decision(), Decision::Allow);
     }
 
     #[test]
@@ -480,13 +478,13 @@ mod tests {
         let s = on_node_0("24-25");
         let before = checker.admit(&Request::new(&s));
         assert_eq!(rules(&before), [Rule::CpuOutsideIntent]);
-        assert_eq!(before.decision, Decision::Reject);
+        assert_eq!(before.decision(), Decision::Reject);
         let after = checker.admit(&Request {
             after_the_fact: true,
             ..Request::new(&s)
         });
         assert_eq!(after.findings, before.findings);
-        assert_eq!(after.decision, Decision::Allow);
+        assert_eq!(after.decision(), Decision::Allow);
     }
 
     #[test]
@@ -502,7 +500,7 @@ mod tests {
         let admit = checker.admit(&req);
         assert_eq!(rules(&admit), [Rule::CheckFailed]);
         assert!(admit.findings[0].message.contains("the refresh failed"));
-        assert_eq!(admit.decision, Decision::Reject, "fail_closed in enforce");
+        assert_eq!(admit.decision(), Decision::Reject, "fail_closed in enforce");
         let push = resources(r#"{"cpu": {"cpus": "1"}}"#);
         let update = checker.update(&req, Running::default(), &push);
         assert_eq!(rules(&update), [Rule::CheckFailed]);
@@ -551,7 +549,7 @@ mod tests {
         assert_eq!(v.container_id.as_deref(), Some("c-9"));
         assert_eq!(v.sandbox_id.as_deref(), Some("pod-9"));
         assert_eq!(
-            (v.operation, v.decision),
+            (v.operation, v.decision()),
             (Operation::Update, Decision::Reject)
         );
         let late = could_not_run(
@@ -562,7 +560,7 @@ mod tests {
             closed,
             "the proxy failed",
         );
-        assert_eq!(late.decision, Decision::Allow);
+        assert_eq!(late.decision(), Decision::Allow);
         // With the spec read: its sandbox, its annotations' mode, the phase's class.
         let s = spec(
             "0-1",
@@ -584,12 +582,12 @@ mod tests {
         );
         assert_eq!((v.class, v.mode), (Some(UpdateClass::Cpuset), Mode::Audit));
         assert_eq!(v.sandbox_id.as_deref(), Some("sb-1"));
-        assert_eq!(v.decision, Decision::Allow);
+        assert_eq!(v.decision(), Decision::Allow);
         let seen = req.could_not_run(
             Phase::Observe(Running::default(), &vm(&["0"])),
             closed,
             "no host topology",
         );
-        assert_eq!(seen.decision, Decision::Allow, "observing never refuses");
+        assert_eq!(seen.decision(), Decision::Allow, "observing never refuses");
     }
 }

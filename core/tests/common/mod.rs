@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use kata_topo_core::simulate::SysfsTree;
 use kata_topo_core::{
-    Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, Overrides, PodOverrides, Request,
-    Resources, Rule, Severity, Sysfs, TopologySource, Verdict,
+    Baseline, Bdf, Checker, ContainerSpec, Defaults, Host, PodOverrides, Request, Resources, Rule,
+    Running, Severity, Sysfs, TopologySource, Verdict,
 };
 use serde_json::json;
 
@@ -162,7 +162,7 @@ pub fn resources(json: serde_json::Value) -> Resources {
 
 /// Checks a create.
 pub fn create(host: &Host, sysfs: Option<&Sysfs>, spec: &ContainerSpec) -> Verdict {
-    Checker::new(host, sysfs, defaults()).check(&Request::create(spec))
+    Checker::new(host, sysfs, defaults()).admit(&Request::new(spec))
 }
 
 /// Checks an update against a baseline recorded from the spec's create.
@@ -174,18 +174,15 @@ pub fn update(
 ) -> Verdict {
     let checker = Checker::new(host, sysfs, defaults());
     let baseline = checker.record_baseline(spec);
-    checker.check(&Request {
-        spec,
-        update: Some(update),
-        current: None,
-        baseline: Some(&baseline),
+    let req = Request {
         container_id: Some("c-1"),
-        overrides: Overrides::default(),
-        kata: None,
-        vm: None,
-        running_vm: None,
-        kubelet: None,
-    })
+        ..Request::new(spec)
+    };
+    let running = Running {
+        baseline: Some(&baseline),
+        ..Running::default()
+    };
+    checker.update(&req, running, update)
 }
 
 /// Checks a recreate against a baseline.
@@ -196,10 +193,7 @@ pub fn recreate(
     baseline: &Baseline,
 ) -> Verdict {
     let checker = Checker::new(host, sysfs, defaults());
-    checker.check(&Request {
-        baseline: Some(baseline),
-        ..Request::create(spec)
-    })
+    checker.recreate(&Request::new(spec), baseline)
 }
 
 /// The rules found, with severities, sorted.

@@ -33,7 +33,7 @@ impl Announcer {
             }
             return false;
         }
-        let signature = serde_json::to_string(&(&v.findings, v.decision)).unwrap_or_default();
+        let signature = serde_json::to_string(&(&v.findings, v.decision())).unwrap_or_default();
         if v.class == Some(UpdateClass::Noop)
             && announced
                 .iter()

@@ -478,7 +478,7 @@ impl PodChecks {
             &verdict,
             started.elapsed(),
         );
-        if verdict.decision == Decision::Reject {
+        if verdict.decision() == Decision::Reject {
             return Outcome::Refuse(ShimError::Rejected(verdict.refusal()));
         }
         Outcome::Forward(accept)

@@ -251,6 +251,73 @@ fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
     assert!(counted, "{}", p.metrics());
 }
 
+/// The VM view after an update of the sandbox holds the sandbox to its own baseline, as the
+/// update's check does: the observation once read only container baselines, so a sandbox's
+/// vCPUs floating off the nodes it was admitted on went unreported.
+#[test]
+fn the_sandboxs_vm_observation_holds_it_to_the_sandboxs_baseline() {
+    // The recorded QEMU may run its vCPU threads on CPUs 0-1 (nodes 0 and 1), and is the
+    // sandbox's by its cgroup.
+    let recorded = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/tests/fixtures/vmm/qemu-kvm/proc"
+    );
+    let tree = tempfile::tempdir().expect("tempdir");
+    let copied = std::process::Command::new("cp")
+        .args(["-a", recorded])
+        .arg(tree.path())
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let procfs = tree.path().join("proc");
+    std::fs::write(procfs.join("17832/cgroup"), "0::/kata_overhead/sb1\n").expect("cgroup");
+    let p = pod_configured(
+        "audit",
+        None,
+        true,
+        &format!("procfs_root = \"{}\"\n", procfs.display()),
+        false,
+    );
+    // The sandbox, on CPU 1 (node 1), with no annotation naming nodes: its baseline does.
+    let bundle = p.dir.path().join("sandbox");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "annotations": {
+                "io.kubernetes.cri.container-type": "sandbox",
+                "io.kubernetes.cri.sandbox-id": "sb1",
+                "io.kubernetes.cri.sandbox-name": "pod",
+                "io.kubernetes.cri.sandbox-namespace": "ns"
+            },
+            "linux": {"resources": {"cpu": {"cpus": "1"}}}
+        })
+        .to_string(),
+    )
+    .expect("spec");
+    match p.checks.on_create("sb1", &bundle) {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
+        other => panic!("create: {other:?}"),
+    }
+    match p
+        .checks
+        .on_update("sb1", br#"{"cpu": {"quota": 200000, "period": 100000}}"#)
+    {
+        Outcome::Forward(Some(accept)) => p.checks.commit(accept, None),
+        other => panic!("update: {other:?}"),
+    }
+    let drift =
+        |l: &serde_json::Value| l["rule"] == "vcpu-affinity-drift" && l["container_id"] == "sb1";
+    let logged = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        p.lines().iter().any(drift)
+    });
+    assert!(logged, "{:#?}", p.lines());
+    let line = p.lines().into_iter().find(drift).expect("logged");
+    assert_eq!(line["intent_source"], "baseline", "{line:#}");
+}
+
 /// A state directory someone else could have written (another owner, group or others may
 /// write it, or a symbolic link on its path) is never used: nothing planted there is read,
 /// nothing is written there, the checks run from memory and the log says why.
