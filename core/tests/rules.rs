@@ -670,38 +670,6 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
     );
 }
 
-/// A KVM VM view whose vCPU threads may run on these CPU lists, in vCPU order.
-fn vm_view(pid: u32, allowed: &[&str]) -> kata_topo_core::vm::VmView {
-    use kata_topo_core::vm::{Accel, Sampling, Vcpu, VmView};
-    VmView {
-        pid,
-        found_via: None,
-        comm: "qemu-system-x86".into(),
-        exe: None,
-        vmm: None,
-        accel: Some(Accel::Kvm),
-        kvm_vcpus: (0..allowed.len() as u32).collect(),
-        vcpus: allowed
-            .iter()
-            .zip(0..)
-            .map(|(cpus, index)| Vcpu {
-                index,
-                tid: pid + 1 + index,
-                allowed_cpus: cpus.parse().expect("cpu list"),
-                sources: Vec::new(),
-            })
-            .collect(),
-        unresolved: Vec::new(),
-        disagreements: Vec::new(),
-        notes: Vec::new(),
-        sampling: Sampling::default(),
-        memory_policies: Default::default(),
-        memory_nodes: kata_topo_core::IdSet::new(),
-        guest_nodes: Vec::new(),
-        rejected: None,
-    }
-}
-
 #[test]
 fn vm_rules_on_the_vcpu_threads() {
     let host = host(DGX2);

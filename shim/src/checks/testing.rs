@@ -92,27 +92,37 @@ pub(crate) fn pod_configured(
     if load {
         checks.refresh();
     }
-    let bundle = dir.path().join("bundle");
-    std::fs::create_dir_all(&bundle).expect("bundle");
+    write_bundle(
+        &dir.path().join("bundle"),
+        serde_json::json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": "sb1",
+            "io.kubernetes.cri.container-name": "app",
+            "io.kubernetes.cri.sandbox-name": "pod",
+            "io.kubernetes.cri.sandbox-namespace": "ns",
+            "kata-topo.io/numa-nodes": "1"
+        }),
+        serde_json::json!({
+            "resources": {"cpu": {"cpus": "1", "quota": 100000, "period": 100000}},
+            "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]
+        }),
+    );
+    Pod { dir, log, checks }
+}
+
+/// A bundle at `bundle` whose `config.json` has these annotations and this `linux` section.
+pub(crate) fn write_bundle(
+    bundle: &Path,
+    annotations: serde_json::Value,
+    linux: serde_json::Value,
+) {
+    std::fs::create_dir_all(bundle).expect("bundle");
     std::fs::write(
         bundle.join("config.json"),
-        serde_json::json!({
-            "ociVersion": "1.0.2",
-            "annotations": {
-                "io.kubernetes.cri.container-type": "container",
-                "io.kubernetes.cri.sandbox-id": "sb1",
-                "io.kubernetes.cri.container-name": "app",
-                "io.kubernetes.cri.sandbox-name": "pod",
-                "io.kubernetes.cri.sandbox-namespace": "ns",
-                "kata-topo.io/numa-nodes": "1"
-            },
-            "linux": {"resources": {"cpu": {"cpus": "1", "quota": 100000, "period": 100000}},
-                      "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]}
-        })
-        .to_string(),
+        serde_json::json!({"ociVersion": "1.0.2", "annotations": annotations, "linux": linux})
+            .to_string(),
     )
     .expect("spec");
-    Pod { dir, log, checks }
 }
 
 /// [`pod_with`] in `mode` (`audit`, `enforce`), its topology loaded.

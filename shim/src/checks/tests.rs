@@ -1,4 +1,4 @@
-use super::testing::{pod, pod_configured, pod_with};
+use super::testing::{pod, pod_configured, pod_with, write_bundle, Pod};
 use super::*;
 use crate::ttrpc::Code;
 use kata_topo_core::Rule;
@@ -174,14 +174,11 @@ fn vm_looks_are_coalesced_per_task() {
     assert!(p.checks.observer.pending() <= 1);
 }
 
-/// What the VM view finds after the delegate applied a request goes where every other verdict
-/// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
-/// custom plugin) beside the verdict of the request itself, which it does not replace.
-#[test]
-fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
-    // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
-    // Daemonized as Kata starts it (its parent is init): it is the sandbox's by its cgroup,
-    // which Kata names after the sandbox (the recording has none: it is added here).
+/// An audit pod (with a metrics textfile, with `metrics`) whose procfs root holds a copy of the
+/// recorded QEMU (pid 17832), daemonized as Kata starts it (its parent is init): it is the
+/// sandbox `sb1`'s by its cgroup, which Kata names after the sandbox (the recording has none:
+/// it is added here). The copy lives as long as the directory returned.
+fn with_recorded_qemu(metrics: bool) -> (tempfile::TempDir, Pod) {
     let recorded = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../core/tests/fixtures/vmm/qemu-kvm/proc"
@@ -195,13 +192,23 @@ fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
     assert!(copied.success());
     let procfs = tree.path().join("proc");
     std::fs::write(procfs.join("17832/cgroup"), "0::/kata_overhead/sb1\n").expect("cgroup");
-    let p = pod_configured(
+    let pod = pod_configured(
         "audit",
         None,
         true,
         &format!("procfs_root = \"{}\"\n", procfs.display()),
-        true,
+        metrics,
     );
+    (tree, pod)
+}
+
+/// What the VM view finds after the delegate applied a request goes where every other verdict
+/// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
+/// custom plugin) beside the verdict of the request itself, which it does not replace.
+#[test]
+fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
+    // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
+    let (_tree, p) = with_recorded_qemu(true);
     match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
         Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
         other => panic!("create: {other:?}"),
@@ -256,46 +263,20 @@ fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
 /// vCPUs floating off the nodes it was admitted on went unreported.
 #[test]
 fn the_sandboxs_vm_observation_holds_it_to_the_sandboxs_baseline() {
-    // The recorded QEMU may run its vCPU threads on CPUs 0-1 (nodes 0 and 1), and is the
-    // sandbox's by its cgroup.
-    let recorded = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../core/tests/fixtures/vmm/qemu-kvm/proc"
-    );
-    let tree = tempfile::tempdir().expect("tempdir");
-    let copied = std::process::Command::new("cp")
-        .args(["-a", recorded])
-        .arg(tree.path())
-        .status()
-        .expect("cp");
-    assert!(copied.success());
-    let procfs = tree.path().join("proc");
-    std::fs::write(procfs.join("17832/cgroup"), "0::/kata_overhead/sb1\n").expect("cgroup");
-    let p = pod_configured(
-        "audit",
-        None,
-        true,
-        &format!("procfs_root = \"{}\"\n", procfs.display()),
-        false,
-    );
+    // The recorded QEMU may run its vCPU threads on CPUs 0-1 (nodes 0 and 1).
+    let (_tree, p) = with_recorded_qemu(false);
     // The sandbox, on CPU 1 (node 1), with no annotation naming nodes: its baseline does.
     let bundle = p.dir.path().join("sandbox");
-    std::fs::create_dir_all(&bundle).expect("bundle");
-    std::fs::write(
-        bundle.join("config.json"),
+    write_bundle(
+        &bundle,
         serde_json::json!({
-            "ociVersion": "1.0.2",
-            "annotations": {
-                "io.kubernetes.cri.container-type": "sandbox",
-                "io.kubernetes.cri.sandbox-id": "sb1",
-                "io.kubernetes.cri.sandbox-name": "pod",
-                "io.kubernetes.cri.sandbox-namespace": "ns"
-            },
-            "linux": {"resources": {"cpu": {"cpus": "1"}}}
-        })
-        .to_string(),
-    )
-    .expect("spec");
+            "io.kubernetes.cri.container-type": "sandbox",
+            "io.kubernetes.cri.sandbox-id": "sb1",
+            "io.kubernetes.cri.sandbox-name": "pod",
+            "io.kubernetes.cri.sandbox-namespace": "ns"
+        }),
+        serde_json::json!({"resources": {"cpu": {"cpus": "1"}}}),
+    );
     match p.checks.on_create("sb1", &bundle) {
         Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
         other => panic!("create: {other:?}"),
