@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use kata_topo_integration::{Containerd, Guard, Res, BUSYBOX};
 use kata_topo_proto::containerd::task::v2::StateRequest;
-use kata_topo_sinks::ttrpc::{Client, TASK_V2, TASK_V3};
+use kata_topo_proto::wire::{Client, TASK_V2, TASK_V3};
 use prost::Message;
 
 const KT: &str = "io.containerd.kata-topo.v2";

@@ -376,7 +376,7 @@ fn planted_symlinks_are_never_followed() {
 /// connection: the first is answered RESOURCE_EXHAUSTED, the second normally.
 #[test]
 fn an_oversized_request_fails_only_its_stream() {
-    use kata_topo_sinks::ttrpc::{Client, Frame, Response, TASK_V2, TYPE_REQUEST, TYPE_RESPONSE};
+    use kata_topo_proto::wire::{Client, Frame, Response, TASK_V2, TYPE_REQUEST, TYPE_RESPONSE};
     use prost::Message;
     let c = Containerd::start(Guard::default());
     run_bg(&c, "big");

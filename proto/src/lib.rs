@@ -12,13 +12,15 @@
 //! - [`ttrpc`] and [`google::rpc`]: the ttrpc `Request`, `Response`, `KeyValue` and the
 //!   status they carry.
 //!
-//! [`bootstrap`] decodes `start`'s stdin (either protocol) and the delegate's answer with these
+//! [`wire`] frames these messages on a ttrpc connection (the wrapper's proxy, its events, its
+//! calls to the delegate); [`bootstrap`] decodes `start`'s stdin (either protocol) and the delegate's answer with these
 //! types, and answers in the same format.
 //!
 //! `google.protobuf.*` maps to `prost_types` (`Any`, `Timestamp`), and a
 //! `google.protobuf.StringValue` is prost's `String` message.
 
 pub mod bootstrap;
+pub mod wire;
 
 pub use prost;
 pub use prost_types;

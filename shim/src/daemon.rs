@@ -19,7 +19,7 @@ use slog::Logger;
 use crate::checks::PodChecks;
 use crate::delegate::Delegate;
 use crate::proxy::proxy;
-use crate::ttrpc::{probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe};
+use kata_topo_proto::wire::{probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe};
 
 /// Why the daemon stops.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use std::os::unix::net::UnixStream;
 
-use crate::ttrpc::{socket_path, TASK_V2, TASK_V3};
+use kata_topo_proto::wire::{socket_path, TASK_V2, TASK_V3};
 
 /// Where the delegate is and which task API it speaks.
 #[derive(Debug, Clone)]

@@ -31,11 +31,11 @@ use crate::daemon::{remove_dead_socket, remove_socket_of_exiting};
 use crate::delegate::Delegate;
 use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
-use crate::ttrpc::{
-    socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest, Probe,
+use kata_topo_core::config::Config;
+use kata_topo_proto::wire::{
+    probe, socket_path, Client, ConnectRequest, ConnectResponse, DeleteRequest, KillRequest, Probe,
     ShutdownRequest,
 };
-use kata_topo_core::config::Config;
 
 /// The whole of `delete`'s own work; containerd allows 5 s, and the delegate's `delete` may
 /// still have to run after it.
@@ -141,7 +141,7 @@ impl<'a> Pod<'a> {
                 let within = deadline
                     .saturating_duration_since(Instant::now())
                     .min(Duration::from_millis(100));
-                crate::ttrpc::probe(socket_path(&self.info.address), within) == Probe::Listening
+                probe(socket_path(&self.info.address), within) == Probe::Listening
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The wrapper's failures on the request path, and the one place they become ttrpc statuses.
 
-use crate::ttrpc::{Code, Status};
+use kata_topo_proto::wire::{Code, Status};
 
 /// A request the wrapper answers itself instead of the delegate.
 #[derive(Debug, thiserror::Error)]

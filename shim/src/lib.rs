@@ -15,7 +15,6 @@ mod run;
 mod start;
 
 use kata_topo_core::state;
-use kata_topo_sinks::ttrpc;
 
 pub use run::real_main;
 

@@ -23,7 +23,7 @@ use slog::Logger;
 use crate::checks::{OnAccept, Outcome, PodChecks};
 use crate::delegate::Delegate;
 use crate::error::ShimError;
-use crate::ttrpc::{
+use kata_topo_proto::wire::{
     rename_service, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Incoming, Request,
     Response, Status, UpdateTaskRequest, TASK_V2, TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
 };

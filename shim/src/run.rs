@@ -14,7 +14,7 @@ use crate::args::{Action, Args};
 use crate::checks::{PodChecks, Sinks};
 use crate::daemon::{cleanup, serve, Exit, OwnSocket};
 use crate::delegate::Delegate;
-use crate::ttrpc::socket_path;
+use kata_topo_proto::wire::socket_path;
 
 use kata_topo_core::VERSION;
 

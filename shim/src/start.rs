@@ -17,10 +17,12 @@ use sha2::{Digest, Sha256};
 use crate::args::Args;
 use crate::delegate::Delegate;
 use crate::state::GroupState;
-use crate::ttrpc::{probe, socket_path, Client, Code, Probe, ShutdownRequest, TASK_V2, TASK_V3};
 use kata_topo_core::config::{Config, ConfigError, Resolved};
 use kata_topo_core::process::ProcessId;
 use kata_topo_proto::bootstrap::{BootstrapError, Reply, StartParams, Stdin};
+use kata_topo_proto::wire::{
+    probe, socket_path, Client, Code, Probe, ShutdownRequest, TASK_V2, TASK_V3,
+};
 
 /// The bundle file that tells `delete` (and a later `start`) who the delegate is.
 pub const BUNDLE_FILE: &str = "kata-topo.json";

@@ -11,7 +11,7 @@ use prost::Message;
 use slog::Logger;
 
 use crate::queue::{Drops, Lane, Sink};
-use crate::ttrpc::{Any, Client, Envelope, ForwardRequest, Timestamp};
+use kata_topo_proto::wire::{Any, Client, Envelope, ForwardRequest, Timestamp};
 
 /// The event topic (a contract).
 pub const TOPIC_MISMATCH: &str = "/kata-topo/mismatch";

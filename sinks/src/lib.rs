@@ -14,7 +14,6 @@ pub mod log;
 pub mod metrics;
 pub mod persist;
 pub mod queue;
-pub mod ttrpc;
 
 pub use events::Events;
 pub use log::{log_verdict, Log};

@@ -1,7 +1,7 @@
 use super::testing::{pod, pod_configured, pod_with, write_bundle, Pod};
 use super::*;
-use crate::ttrpc::Code;
 use kata_topo_core::Rule;
+use kata_topo_proto::wire::Code;
 
 const CROSS: &str = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
 

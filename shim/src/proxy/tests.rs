@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::checks::testing::{pod, Pod};
-use crate::ttrpc::{Any, Code, KeyValue, MAX_FRAME};
+use kata_topo_proto::wire::{Any, Code, KeyValue, MAX_FRAME};
 
 const ENFORCE_SPEC_TASK: &str = "c1";
 

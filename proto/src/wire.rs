@@ -1,4 +1,5 @@
-//! ttrpc at the frame level, and the few protobuf messages the wrapper reads or writes.
+//! ttrpc at the frame level, and the few protobuf messages the wrapper reads or writes: what
+//! the wrapper's proxy, its event publisher and its `start`/`delete` run on.
 //!
 //! The wrapper forwards frames, not decoded calls: a request's bytes, stream id, timeout and
 //! metadata reach the delegate exactly as containerd sent them, and the delegate's response —
@@ -154,24 +155,21 @@ impl Incoming {
     }
 }
 
-// The messages, generated from containerd's and ttrpc's own .proto files (crate
-// kata-topo-proto). A google.protobuf.StringValue is prost's `String` message.
-pub use kata_topo_proto::containerd::services::events::ttrpc::v1::ForwardRequest;
-pub use kata_topo_proto::containerd::task::v2::{
+// The messages the frames carry, generated in this crate. A google.protobuf.StringValue is
+// prost's `String` message.
+pub use crate::containerd::services::events::ttrpc::v1::ForwardRequest;
+pub use crate::containerd::task::v2::{
     ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
     KillRequest, ShutdownRequest, UpdateTaskRequest,
 };
-pub use kata_topo_proto::containerd::types::Envelope;
-pub use kata_topo_proto::google::rpc::Status;
-pub use kata_topo_proto::prost_types::{Any, Timestamp};
-pub use kata_topo_proto::runtimeoptions::v1::Options as RuntimeOptions;
-pub use kata_topo_proto::ttrpc::{KeyValue, Request, Response};
+pub use crate::containerd::types::Envelope;
+pub use crate::google::rpc::Status;
+pub use crate::runtimeoptions::v1::Options as RuntimeOptions;
+pub use crate::ttrpc::{KeyValue, Request, Response};
+pub use prost_types::{Any, Timestamp};
 
 /// A request frame's payload with its service renamed (v2 ↔ v3), every other byte kept.
-pub fn rename_service(
-    payload: &[u8],
-    service: &str,
-) -> Result<Vec<u8>, kata_topo_proto::WireError> {
+pub fn rename_service(payload: &[u8], service: &str) -> Result<Vec<u8>, crate::WireError> {
     Request::with_service(payload, service)
 }
 
