@@ -27,9 +27,9 @@ use kata_topo_core::process::ProcessId;
 use prost::Message;
 
 use crate::args::Args;
+use crate::bundle::BundleInfo;
 use crate::daemon::{remove_dead_socket, remove_socket_of_exiting};
 use crate::delegate::Delegate;
-use crate::start::BundleInfo;
 use crate::state::{DaemonRecord, GroupState};
 use kata_topo_core::config::Config;
 use kata_topo_proto::wire::{

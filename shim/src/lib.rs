@@ -5,11 +5,13 @@
 //! share the core and the sinks library instead).
 
 mod args;
+mod bundle;
 mod checks;
 mod daemon;
 mod delegate;
 mod delete;
 mod error;
+mod group;
 mod proxy;
 mod run;
 mod start;

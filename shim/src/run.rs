@@ -70,10 +70,9 @@ fn listener_from_fd(fd: i32) -> Option<UnixListener> {
     Some(UnixListener::from(owned))
 }
 
-/// Reads `ADDRESS\nVERSION\n` from stdin (sent by `start`).
 /// Says on standard error (which `start` reads when the daemon does not take its delegate)
 /// why the daemon's set-up failed. A write that fails is dropped: nothing may make it panic.
-fn say(what: &str) {
+fn report_setup_failure(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "wrapper daemon: {what}");
 }
@@ -87,6 +86,7 @@ fn quiet_stderr() {
     }
 }
 
+/// Reads `ADDRESS\nVERSION\n` from stdin (sent by `start`).
 fn read_delegate() -> Option<Delegate> {
     use std::io::Read;
     let mut text = String::new();
@@ -101,7 +101,7 @@ fn daemon(args: &Args) -> ExitCode {
     // Our own session: containerd's process group and terminal signals are not ours.
     let _ = nix::unistd::setsid();
     let Some(listener) = args.listen_fd.and_then(listener_from_fd) else {
-        say("no listening socket (-listen-fd)");
+        report_setup_failure("no listening socket (-listen-fd)");
         return ExitCode::FAILURE;
     };
     // From here on, every way out removes the socket.
@@ -118,7 +118,7 @@ fn daemon(args: &Args) -> ExitCode {
         Some(Ok(c)) => c,
         // `start` read the same file a moment ago: it changed since.
         Some(Err(e)) => {
-            say(&e.to_string());
+            report_setup_failure(&kata_topo_core::text::error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
