@@ -258,9 +258,9 @@ bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 
 demo: deps build-all
 ifeq ($(strip $(CONTAINERD_BIN)),)
-	@env -u KT_CONTAINERD_BIN $(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+	@env -u KT_CONTAINERD_BIN $(CARGO) run -q -p kata-topo-demo --locked
 else
-	@KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(CARGO) run -q -p kata-topo-integration --locked --bin kata-topo-demo
+	@KT_CONTAINERD_BIN=$(abspath $(CONTAINERD_BIN)) $(CARGO) run -q -p kata-topo-demo --locked
 endif
 
 # The same demo on containerd 2.3.4 + runc 1.5.1 from the archive.

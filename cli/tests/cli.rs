@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kata_topo_core::testutil::GPU;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -63,8 +64,8 @@ fn topology_json_shape_on_dgx2() {
         .as_array()
         .expect("pci_devices")
         .iter()
-        .find(|d| d["bus_id"] == "0000:b7:00.0")
-        .expect("GPU b7:00.0");
+        .find(|d| d["bus_id"] == GPU)
+        .expect("the scenario's GPU");
     assert_eq!(gpu["class_id"], "0302");
     assert_eq!(gpu["vendor_id"], "10de");
     assert_eq!(gpu["device_id"], "1db8");
@@ -104,8 +105,8 @@ fn topology_shows_vfio_groups_from_sysfs() {
             .cloned()
             .expect("device")
     };
-    assert_eq!(by_id("0000:b7:00.0")["vfio_group"], "42");
-    assert_eq!(by_id("0000:b7:00.0")["numa_nodes"], serde_json::json!([1]));
+    assert_eq!(by_id(GPU)["vfio_group"], "42");
+    assert_eq!(by_id(GPU)["numa_nodes"], serde_json::json!([1]));
     // Bound to its own driver, not vfio-pci: no group shown.
     assert_eq!(by_id("0000:b8:00.0")["vfio_group"], Value::Null);
     assert_eq!(by_id("0000:b8:00.0")["driver"], "mlx5_core");
@@ -119,7 +120,7 @@ fn topology_shows_vfio_groups_from_sysfs() {
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("0000:b7:00.0") && text.contains("vfio group 42"),
+        text.contains(GPU) && text.contains("vfio group 42"),
         "{text}"
     );
 }
@@ -361,7 +362,7 @@ fn check_records_a_baseline_and_holds_a_recreate_to_it() {
         serde_json::from_slice(&std::fs::read(&baseline).expect("baseline")).expect("json");
     assert_eq!(b["cpus"], "1");
     assert_eq!(b["cpu_nodes"], "1");
-    assert_eq!(b["devices"][0]["bus_id"], "0000:b7:00.0");
+    assert_eq!(b["devices"][0]["bus_id"], GPU);
     assert_eq!(b["container_name"], "trainer");
 
     let out = check(&[
@@ -589,13 +590,11 @@ fn a_fifo_as_any_input_is_refused_at_once() {
 #[test]
 fn a_fifo_inside_the_sysfs_root_is_refused_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tree = kata_topo_core::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
-    let gpu = "0000:b7:00.0".parse().expect("bdf");
-    tree.add_device(gpu, 1, Some("vfio-pci"), Some("42"))
-        .expect("device");
+    let tree = kata_topo_core::testutil::SysfsTree::at(dir.path().join("sys")).expect("tree");
+    tree.add_gpu().expect("device");
     let numa_node = tree
         .root()
-        .join("devices/pci0000:b7/0000:b7:00.0/numa_node");
+        .join(format!("devices/pci0000:b7/{GPU}/numa_node"));
     std::fs::remove_file(&numa_node).expect("remove");
     mkfifo(&numa_node);
     let host = scenario("two-node-host.xml");
@@ -606,7 +605,7 @@ fn a_fifo_inside_the_sysfs_root_is_refused_at_once() {
         "--sysfs",
         s(tree.root()),
     ]);
-    assert_refused(code, &err, &["0000:b7:00.0", "numa_node", "FIFO"]);
+    assert_refused(code, &err, &[GPU, "numa_node", "FIFO"]);
     // check reports what it could not read as a finding, and ends.
     let out_path = dir.path().join("out.json");
     let (code, err) = kata_topo_guarded(

@@ -13,7 +13,7 @@ use kata_topo_core::check::{Request, Running};
 use kata_topo_core::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, PodAdmission,
 };
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 use kata_topo_core::{Checker, ContainerSpec, Defaults, Host, Resources, Sysfs, TopologySource};
 
 fn xml(name: &str) -> PathBuf {

@@ -901,14 +901,8 @@ mod tests {
             )
             .expect("mkdir");
         }
-        let tree = crate::simulate::SysfsTree::at(root.join("sys")).expect("tree");
-        tree.add_device(
-            "0000:b7:00.0".parse().expect("bdf"),
-            1,
-            Some("vfio-pci"),
-            Some("42"),
-        )
-        .expect("device");
+        let tree = crate::testutil::SysfsTree::at(root.join("sys")).expect("tree");
+        tree.add_gpu().expect("device");
     }
 
     #[test]

@@ -332,7 +332,7 @@ impl Sysfs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::SysfsTree;
+    use crate::testutil::TempSysfs;
 
     #[test]
     fn recognises_vfio_paths() {
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn resolves_groups_and_iommufd_devices() {
-        let tree = SysfsTree::new();
+        let tree = TempSysfs::new();
         let a: Bdf = "0000:88:00.1".parse().expect("bdf");
         let b: Bdf = "0000:88:00.2".parse().expect("bdf");
         tree.device(a, 1, Some("vfio-pci"), Some("40"));
@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn never_reads_outside_the_root() {
-        let tree = SysfsTree::new();
+        let tree = TempSysfs::new();
         let sysfs = Sysfs::new(tree.root());
         assert!(matches!(
             sysfs.devices_of(&VfioRef::Group("../../etc".into())),
@@ -426,7 +426,7 @@ mod tests {
 
     #[test]
     fn a_fifo_or_a_directory_in_place_of_an_attribute_is_an_error() {
-        let tree = SysfsTree::new();
+        let tree = TempSysfs::new();
         let a: Bdf = "0000:01:00.0".parse().expect("bdf");
         let b: Bdf = "0000:01:00.1".parse().expect("bdf");
         tree.device(a, 0, Some("vfio-pci"), Some("3"));
@@ -452,7 +452,6 @@ mod tests {
     /// of the root, junk content, weird names.
     mod generated {
         use super::*;
-        use crate::simulate;
         use proptest::prelude::*;
         use std::collections::{BTreeMap, BTreeSet};
         use std::ffi::OsStr;
@@ -639,7 +638,7 @@ mod tests {
         }
 
         fn build(root: &Path, outside: &Path, ops: &[Op]) -> Model {
-            let tree = simulate::SysfsTree::at(root).expect("root");
+            let tree = crate::testutil::SysfsTree::at(root).expect("root");
             let mut m = Model::default();
             for op in ops {
                 match op {
@@ -803,7 +802,7 @@ mod tests {
 
     #[test]
     fn malformed_numa_node_is_an_error() {
-        let tree = SysfsTree::new();
+        let tree = TempSysfs::new();
         let a: Bdf = "0000:01:00.0".parse().expect("bdf");
         tree.device(a, 0, Some("vfio-pci"), Some("3"));
         std::fs::write(

@@ -7,17 +7,15 @@
 //! hwloc reads `HWLOC_*` from the environment of the process, so every test here holds one lock
 //! and sets or clears those variables itself; nothing else in this test binary touches hwloc.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kata_topo_core::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 use kata_topo_core::{Host, Sysfs, Verdict};
 
-use common::{bdf, create, resources, spec, update};
+use kata_topo_core::testutil::{bdf, create, resources, spec, update};
 
 static HWLOC_ENV: Mutex<()> = Mutex::new(());
 

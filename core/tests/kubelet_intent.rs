@@ -2,14 +2,12 @@
 //! kubelet's policy is the default, the pod's annotations apply over it within
 //! `pod_overrides`; and the rules on what the kubelet assigned.
 
-mod common;
-
-use common::*;
 use kata_topo_core::intent::IntentOrigin;
 use kata_topo_core::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, MemoryAdmission,
     PodAdmission, TopologyScope,
 };
+use kata_topo_core::testutil::*;
 use kata_topo_core::{
     Checker, ContainerSpec, Decision, Defaults, Mode, Policy, Request, Resources, Rule, Running,
     Severity::*, Verdict,
@@ -21,8 +19,8 @@ use Rule::*;
 const DGX2: &str = "nvidiaDGX2.xml";
 
 /// DGX-2: GPU 0000:34:00.0 under node 0 (group 10), 0000:b7:00.0 under node 1 (group 20).
-fn dgx2_tree() -> Tree {
-    Tree::new()
+fn dgx2_tree() -> TempSysfs {
+    TempSysfs::new()
         .vfio("0000:34:00.0", 0, "10")
         .vfio("0000:b7:00.0", 1, "20")
 }

@@ -2,11 +2,9 @@
 //! of a request that could not run: each verdict is finished when it comes out — its ids from
 //! the request, the rules its phase reports, a stale host said, the decision made last.
 
-mod common;
-
-use common::*;
 use kata_topo_core::check::{could_not_run, Unread};
 use kata_topo_core::kata::KataConfig;
+use kata_topo_core::testutil::*;
 use kata_topo_core::{
     Checker, ContainerSpec, Decision, Defaults, Mode, Operation, Phase, PodOverrides, Request,
     Rule, Running, UpdateClass, Verdict,

@@ -1,8 +1,6 @@
 //! Every rule, positive and negative, on real machine topologies from hwloc's test suite.
 
-mod common;
-
-use common::*;
+use kata_topo_core::testutil::{self, *};
 use kata_topo_core::{Decision, Defaults, Mode, Operation, Policy, Rule, Severity, UpdateClass};
 use serde_json::json;
 
@@ -14,8 +12,8 @@ const VFS: &str = "16intel64-manyVFs.xml";
 const INTERLEAVED: &str = "24em64t-2n6c2t-pci.xml";
 
 /// DGX-2: GPU 0000:34:00.0 hangs under node 0, 0000:b7:00.0 under node 1.
-fn dgx2_tree() -> Tree {
-    Tree::new()
+fn dgx2_tree() -> TempSysfs {
+    TempSysfs::new()
         .vfio("0000:34:00.0", 0, "10")
         .vfio("0000:b7:00.0", 1, "20")
 }
@@ -90,7 +88,7 @@ fn dgx2_cpuset_push_to_the_other_socket_is_caught_and_refused_in_enforce() {
 #[test]
 fn sriov_vfs_on_node_1() {
     let host = host(VFS);
-    let tree = Tree::new().vfio("0000:88:00.1", 1, "40");
+    let tree = TempSysfs::new().vfio("0000:88:00.1", 1, "40");
     tree.tree
         .add_device(bdf("0000:88:00.2"), 1, Some("vfio-pci"), Some("41"))
         .expect("device");
@@ -116,7 +114,7 @@ fn sriov_vfs_on_node_1() {
 #[test]
 fn vfio_missing_when_unbound_gone_or_malformed() {
     let host = host(VFS);
-    let tree = Tree::new().vfio("0000:88:00.1", 1, "40");
+    let tree = TempSysfs::new().vfio("0000:88:00.1", 1, "40");
     let sysfs = tree.sysfs();
     let s = spec().cpus("8-15").device("/dev/vfio/40").build();
     assert_eq!(rules(&create(&host, Some(&sysfs), &s)), vec![]);
@@ -179,7 +177,7 @@ fn interleaved_numbering_is_not_mistaken_for_ranges() {
 fn sub_numa_clustering_device_local_to_one_domain() {
     // Cluster-on-Die: four nodes on two packages; 0000:01:00.0 is local to node 0 only.
     let host = host("28intel64-2p2g7c-CoDgroups.v1tov2.xml");
-    let tree = Tree::new().vfio("0000:01:00.0", 0, "7");
+    let tree = TempSysfs::new().vfio("0000:01:00.0", 0, "7");
     let sysfs = tree.sysfs();
     let same = spec().cpus("0-6").device("/dev/vfio/7").build();
     assert_eq!(rules(&create(&host, Some(&sysfs), &same)), vec![]);
@@ -248,7 +246,7 @@ fn offline_and_nonexistent_cpus() {
 #[test]
 fn no_locality_machine_is_unknown_never_remote() {
     let host = host("fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml");
-    let tree = Tree::new().vfio("0000:02:00.0", 2, "15");
+    let tree = TempSysfs::new().vfio("0000:02:00.0", 2, "15");
     let sysfs = tree.sysfs();
     for cpus in ["0,4,8", "1,5", "2,6", "3"] {
         let v = create(
@@ -263,8 +261,8 @@ fn no_locality_machine_is_unknown_never_remote() {
         );
     }
     // sysfs numa_node -1 makes even a device hwloc places somewhere unknown.
-    let dgx = common::host(DGX2);
-    let tree = Tree::new().vfio("0000:b7:00.0", -1, "20");
+    let dgx = testutil::host(DGX2);
+    let tree = TempSysfs::new().vfio("0000:b7:00.0", -1, "20");
     let v = create(
         &dgx,
         Some(&tree.sysfs()),
@@ -281,7 +279,7 @@ fn big_machine_with_devices_in_several_pci_domains() {
     let host = host("192em64t-24n8c2t.xml");
     assert_eq!(host.nodes.len(), 24);
     assert_eq!(host.online_cpus.len(), 384);
-    let tree = Tree::new()
+    let tree = TempSysfs::new()
         .vfio("0002:03:00.0", 4, "30")
         .vfio("0003:01:00.0", 6, "31");
     let sysfs = tree.sysfs();
@@ -363,7 +361,7 @@ fn mems_must_match_cpus_and_intent() {
 fn topology_drift_against_the_baseline() {
     let host = host(VFS);
     // A device hwloc does not list: sysfs's numa_node alone gives its locality.
-    let tree = Tree::new().vfio("0000:c1:00.0", 1, "60");
+    let tree = TempSysfs::new().vfio("0000:c1:00.0", 1, "60");
     let sysfs = tree.sysfs();
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
     let checker = kata_topo_core::Checker::new(&host, Some(&sysfs), defaults());
@@ -527,7 +525,7 @@ fn sandbox_create_and_verdict_identity() {
 #[test]
 fn power8_numbering() {
     let host = host("power8gpudistances.xml");
-    let tree = Tree::new().vfio("000a:01:00.0", 1, "3");
+    let tree = TempSysfs::new().vfio("000a:01:00.0", 1, "3");
     let sysfs = tree.sysfs();
     let v = create(
         &host,
@@ -786,14 +784,14 @@ fn every_rule_message_is_one_clean_line() {
     ));
     // vfio-locality-unknown.
     let nolocality = host("fsroot-40intel64-2g2n4c+pci-nolocalityenv.xml");
-    let unknown = Tree::new().vfio("0000:02:00.0", 2, "15");
+    let unknown = TempSysfs::new().vfio("0000:02:00.0", 2, "15");
     verdicts.push(create(
         &nolocality,
         Some(&unknown.sysfs()),
         &spec().cpus("0").device("/dev/vfio/15").build(),
     ));
     // topology-drift: the device moved since admission.
-    let moving = Tree::new().vfio("0000:c1:00.0", 1, "60");
+    let moving = TempSysfs::new().vfio("0000:c1:00.0", 1, "60");
     let s = spec().cpus("8-15").device("/dev/vfio/60").build();
     let baseline =
         kata_topo_core::Checker::new(&vfs, Some(&moving.sysfs()), defaults()).record_baseline(&s);

@@ -344,7 +344,7 @@ impl api::device_plugin_server::DevicePlugin for Plugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kata_topo_core::simulate::SysfsTree;
+    use kata_topo_core::testutil::SysfsTree;
     use tonic::Code;
 
     fn bdf(s: &str) -> Bdf {

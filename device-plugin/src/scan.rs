@@ -239,7 +239,7 @@ pub use kata_topo_core::text::error_chain;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kata_topo_core::simulate::SysfsTree;
+    use kata_topo_core::testutil::SysfsTree;
 
     fn bdf(s: &str) -> Bdf {
         s.parse().expect("bdf")

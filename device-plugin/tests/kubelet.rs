@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 use kata_topo_core::Bdf;
 use kata_topo_device_plugin::api::device_plugin_client::DevicePluginClient;
 use kata_topo_device_plugin::api::registration_server::{Registration, RegistrationServer};

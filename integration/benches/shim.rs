@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
-use kata_topo_integration::{Containerd, Guard, Res, BUSYBOX};
+use kata_topo_integration::{Containerd, Guard, Resources, BUSYBOX};
 use kata_topo_proto::containerd::task::v2::StateRequest;
 use kata_topo_proto::wire::{Client, TASK_V2, TASK_V3};
 use prost::Message;
@@ -282,7 +282,7 @@ fn cri_lifecycle(
     let pod = cri.run_pod(&cfg, v.handler).expect("RunPodSandbox");
     let run_pod = t.elapsed();
     let id = cri
-        .create_container(&pod, &cfg, "app", &Res::default(), false)
+        .create_container(&pod, &cfg, "app", &Resources::default(), false)
         .expect("CreateContainer");
     let s = Instant::now();
     cri.start(&id).expect("StartContainer");

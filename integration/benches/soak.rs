@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kata_topo_integration::{Containerd, Guard, Res};
+use kata_topo_integration::{Containerd, Guard, Resources};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -72,7 +72,7 @@ fn main() {
         wrappers.len()
     );
     // Warm-up: every pod's first pushes, then the footprint everything is compared with.
-    let res = Res::admitted();
+    let res = Resources::admitted();
     for (cri, _, id) in &mut admitted {
         for i in 0..warmup {
             let cpus = if i % 2 == 0 { "0" } else { "1" };
@@ -99,7 +99,7 @@ fn main() {
         .into_iter()
         .map(|(mut cri, pod, id)| {
             std::thread::spawn(move || {
-                let res = Res::admitted();
+                let res = Resources::admitted();
                 let mut times = Vec::with_capacity(updates);
                 for i in 0..updates {
                     let cpus = if i % 2 == 0 { "0" } else { "1" };

@@ -4,14 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 
 use crate::layout::{write_hooked_base_spec, ConfigLayout};
 use crate::lock::MachineLock;
 use crate::{bin_dir, images, require_root, workspace, ContainerdBin};
-
-/// The simulated GPU.
-pub const GPU: &str = "0000:b7:00.0";
 
 /// Options for the wrapper's `[topology_guard]`.
 #[derive(Debug, Clone)]
@@ -118,9 +115,7 @@ impl Containerd {
             .expect("tempdir");
         let d = dir.path();
         let sysfs = SysfsTree::at(d.join("sys")).expect("sysfs");
-        sysfs
-            .add_device(GPU.parse().expect("bdf"), 1, Some("vfio-pci"), Some("42"))
-            .expect("gpu");
+        sysfs.add_gpu().expect("gpu");
         sysfs
             .add_device(
                 "0000:17:00.0".parse().expect("bdf"),

@@ -20,9 +20,9 @@ pub struct Cri {
     vfio_node: PathBuf,
 }
 
-/// Resources as the kubelet sends them.
+/// A container's resources as the kubelet sends them in `CreateContainer` and `UpdateContainerResources`.
 #[derive(Debug, Clone, Default)]
-pub struct Res {
+pub struct Resources {
     /// `cpuset_cpus`.
     pub cpus: &'static str,
     /// `cpuset_mems`.
@@ -33,7 +33,7 @@ pub struct Res {
     pub memory: i64,
 }
 
-impl Res {
+impl Resources {
     /// What the simulated kubelet admits a container with: CPU 1 (NUMA node 1 of the simulated
     /// host), a 1-CPU quota, 256 MiB.
     pub fn admitted() -> Self {
@@ -168,7 +168,7 @@ impl Cri {
         pod: &str,
         config: &cri::PodSandboxConfig,
         name: &str,
-        res: &Res,
+        res: &Resources,
         vfio: bool,
     ) -> Result<String, tonic::Status> {
         let id = self.create_container(pod, config, name, res, vfio)?;
@@ -182,7 +182,7 @@ impl Cri {
         pod: &str,
         config: &cri::PodSandboxConfig,
         name: &str,
-        res: &Res,
+        res: &Resources,
         vfio: bool,
     ) -> Result<String, tonic::Status> {
         let devices = if vfio {
@@ -238,7 +238,7 @@ impl Cri {
     }
 
     /// `RunPodSandbox` on the `kata-topo` handler, then container `app` admitted with
-    /// [`Res::admitted`] (and `/dev/vfio/42` when `vfio`). Returns the pod id, its configuration
+    /// [`Resources::admitted`] (and `/dev/vfio/42` when `vfio`). Returns the pod id, its configuration
     /// and the container id.
     pub fn admit(
         &mut self,
@@ -249,13 +249,13 @@ impl Cri {
         let cfg = self.pod_config(pod_name, annotations);
         let pod = self.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
         let id = self
-            .start_container(&pod, &cfg, "app", &Res::admitted(), vfio)
+            .start_container(&pod, &cfg, "app", &Resources::admitted(), vfio)
             .expect("StartContainer");
         (pod, cfg, id)
     }
 
     /// `UpdateContainerResources`.
-    pub fn update(&mut self, id: &str, res: &Res) -> Result<(), tonic::Status> {
+    pub fn update(&mut self, id: &str, res: &Resources) -> Result<(), tonic::Status> {
         let req = cri::UpdateContainerResourcesRequest {
             container_id: id.to_string(),
             linux: Some(res.cri()),

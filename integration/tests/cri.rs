@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kata_topo_integration::{Containerd, Guard, Res, EXITED, RUNNING};
+use kata_topo_integration::{Containerd, Guard, Resources, EXITED, RUNNING};
 
 const POD_ANNOTATIONS: &[(&str, &str)] = &[
     ("kata-topo.io/policy", "single-numa-node"),
@@ -28,7 +28,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     let mut cri = c.cri();
     let cfg = cri.pod_config("trainer-pod", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let on_node1 = Res::admitted();
+    let on_node1 = Resources::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &on_node1, true)
         .expect("StartContainer");
@@ -40,7 +40,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     );
 
     // In-place resize on the same node: allowed, nothing reported.
-    let resized = Res {
+    let resized = Resources {
         quota: 150_000,
         memory: 512 << 20,
         ..on_node1.clone()
@@ -115,14 +115,14 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
     let mut cri = c.cri();
     let cfg = cri.pod_config("strict-pod", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let on_node1 = Res::admitted();
+    let on_node1 = Resources::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &on_node1, true)
         .expect("StartContainer");
     // Staying on node 1 passes in enforce mode too.
     cri.update(
         &id,
-        &Res {
+        &Resources {
             quota: 200_000,
             ..on_node1.clone()
         },
@@ -202,7 +202,7 @@ fn a_pod_annotated_audit_on_an_enforce_node_is_still_refused() {
         true,
     );
     let err = cri
-        .update(&id, &Res::admitted().on("0"))
+        .update(&id, &Resources::admitted().on("0"))
         .expect_err("the node's enforce mode refuses the push");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("mode enforce"), "{}", err.message());
@@ -233,7 +233,7 @@ fn a_pod_annotated_audit_on_an_enforce_node_is_still_refused() {
 fn two_pods_and_fifty_concurrent_updates() {
     let c = Containerd::start(Guard::default());
     let mut cri = c.cri();
-    let res = Res::admitted();
+    let res = Resources::admitted();
     let mut pods = Vec::new();
     for name in ["pod-a", "pod-b"] {
         let cfg = cri.pod_config(name, POD_ANNOTATIONS);

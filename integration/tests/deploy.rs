@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kata_topo_integration::{workspace, Containerd, ContainerdBin, Guard, Res};
+use kata_topo_integration::{workspace, Containerd, ContainerdBin, Guard, Resources};
 use serde_json::Value;
 
 fn deploy(rel: &str) -> PathBuf {
@@ -209,7 +209,7 @@ fn the_device_plugin_daemonset_and_unit_run_the_binary_with_flags_it_accepts() {
         .collect();
     assert_eq!(command[0], "/usr/local/bin/kata-topo-device-plugin");
     let dir = tempfile::tempdir().expect("tempdir");
-    let tree = kata_topo_core::simulate::SysfsTree::at(dir.path().join("sys")).expect("tree");
+    let tree = kata_topo_core::testutil::SysfsTree::at(dir.path().join("sys")).expect("tree");
     tree.add_device(
         "0000:80:00.0".parse().expect("bdf"),
         1,
@@ -293,7 +293,7 @@ fn log_lines() -> Vec<String> {
         ],
         true,
     );
-    let res = Res::admitted();
+    let res = Resources::admitted();
     cri.update(&id, &res.on("0")).expect("push");
     cri.update(&id, &res.on("0-1")).expect("widen");
     cri.remove_pod(&pod);

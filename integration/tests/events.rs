@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kata_topo_integration::{bin_dir, eventually, Containerd, ContainerdBin, Guard, Res};
+use kata_topo_integration::{bin_dir, eventually, Containerd, ContainerdBin, Guard, Resources};
 
 #[test]
 fn events_prints_a_published_finding() {
@@ -33,7 +33,7 @@ fn events_prints_a_published_finding() {
     std::thread::sleep(Duration::from_millis(500));
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("watched", &[("kata-topo.io/numa-nodes", "1")], true);
-    let res = Res::admitted();
+    let res = Resources::admitted();
     cri.update(&id, &res.on("0")).expect("push");
     let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     assert!(

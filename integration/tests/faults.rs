@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kata_topo_integration::{alive, eventually, Containerd, Guard, Res, BUSYBOX, RUNNING};
+use kata_topo_integration::{alive, eventually, Containerd, Guard, Resources, BUSYBOX, RUNNING};
 
 const KT: &str = "io.containerd.kata-topo.v2";
 
@@ -95,7 +95,7 @@ fn containerd_restart_reconnects_through_the_wrapper() {
     let mut c = Containerd::start(Guard::default());
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("survivor", &[("kata-topo.io/numa-nodes", "1")], true);
-    let res = Res::admitted();
+    let res = Resources::admitted();
     let wrapper = c.pids_matching("kata-topo-daemon");
     drop(cri);
     c.restart();
@@ -148,7 +148,7 @@ fn unreadable_topology_is_check_failed_and_the_pod_runs() {
     });
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("blind", &[], false);
-    let res = Res::admitted();
+    let res = Resources::admitted();
     cri.update(&id, &res.on("0")).expect("forwarded");
     assert_eq!(cri.status(&id).0, RUNNING);
     let failed: Vec<_> = c
@@ -226,7 +226,7 @@ fn a_log_nobody_reads_never_stalls_an_update() {
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("fifo", &[("kata-topo.io/numa-nodes", "1")], true);
     let (cri, id) = within(Duration::from_secs(300), "150 updates", move || {
-        let res = Res::admitted();
+        let res = Resources::admitted();
         for i in 0..150 {
             // Crossing, then back: every crossing is a new finding to log.
             let cpus = if i % 2 == 0 { "0" } else { "1" };
@@ -321,10 +321,10 @@ fn a_full_state_disk_does_not_switch_enforcement_off() {
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
     state.fill();
     let id = cri
-        .start_container(&pod, &cfg, "app", &Res::admitted(), true)
+        .start_container(&pod, &cfg, "app", &Resources::admitted(), true)
         .expect("StartContainer on a full state disk");
     let err = cri
-        .update(&id, &Res::admitted().on("0"))
+        .update(&id, &Resources::admitted().on("0"))
         .expect_err("enforce refuses the crossing push");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert_eq!(cri.allowed_cpus(&id), "1");

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kata_topo_integration::{Containerd, Guard, Res, EXITED, RUNNING};
+use kata_topo_integration::{Containerd, Guard, Resources, EXITED, RUNNING};
 
 #[test]
 fn hook_in_the_base_runtime_spec_refuses_a_crossing_container() {
@@ -24,11 +24,11 @@ fn hook_in_the_base_runtime_spec_refuses_a_crossing_container() {
     let pod = cri
         .run_pod(&cfg, "runc")
         .expect("the sandbox passes the hook");
-    let res = Res {
+    let res = Resources {
         cpus: "0",
         quota: 100_000,
         memory: 256 << 20,
-        ..Res::default()
+        ..Resources::default()
     };
     let bad = cri
         .create_container(&pod, &cfg, "trainer", &res, true)

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use kata_topo_integration::{eventually, Containerd, Guard, Res};
+use kata_topo_integration::{eventually, Containerd, Guard, Resources};
 
 struct NodeExporter {
     child: Child,
@@ -83,10 +83,10 @@ fn node_exporter_reads_the_wrapper_metrics_and_they_go_with_the_sandbox() {
     let ne = NodeExporter::start(&c.metrics_dir);
     let mut cri = c.cri();
     let (pod, _cfg, id) = cri.admit("metered", &[("kata-topo.io/numa-nodes", "1")], true);
-    let res = Res::admitted();
+    let res = Resources::admitted();
     cri.update(
         &id,
-        &Res {
+        &Resources {
             quota: 200_000,
             ..res.clone()
         },

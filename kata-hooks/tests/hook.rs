@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 use serde_json::{json, Value};
 
 struct Env {
@@ -22,13 +22,7 @@ fn env(mode: &str, fail_closed: bool) -> Env {
 fn env_with(mode: &str, fail_closed: bool, extra: &str) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
-    tree.add_device(
-        "0000:b7:00.0".parse().expect("bdf"),
-        1,
-        Some("vfio-pci"),
-        Some("42"),
-    )
-    .expect("gpu");
+    tree.add_gpu().expect("gpu");
     let config = dir.path().join("kata-topo.toml");
     std::fs::write(
         &config,

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use kata_topo_integration::{Cri, Res, RUNNING};
+use kata_topo_integration::{Cri, Resources, RUNNING};
 
 fn usage(why: &str) -> ExitCode {
     eprintln!("kata-topo-cri: {why} (see the comment at the top of kata-topo-cri.rs)");
@@ -36,9 +36,9 @@ fn flags(args: &[String], name: &str) -> Vec<String> {
         .collect()
 }
 
-fn res(args: &[String]) -> Res {
+fn res(args: &[String]) -> Resources {
     let cpus: &'static str = Box::leak(flag(args, "--cpus").unwrap_or_default().into_boxed_str());
-    Res {
+    Resources {
         cpus,
         quota: flag(args, "--quota")
             .and_then(|q| q.parse().ok())
@@ -46,7 +46,7 @@ fn res(args: &[String]) -> Res {
         memory: flag(args, "--memory")
             .and_then(|m| m.parse().ok())
             .unwrap_or(256 << 20),
-        ..Res::default()
+        ..Resources::default()
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::kata::KataConfig;
-use kata_topo_core::simulate::SysfsTree;
+use kata_topo_core::testutil::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use super::{Outcome, PodChecks, Sinks};
@@ -43,13 +43,7 @@ pub(crate) fn pod_configured(
 ) -> Pod {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
-    tree.add_device(
-        "0000:b7:00.0".parse().expect("bdf"),
-        1,
-        Some("vfio-pci"),
-        Some("42"),
-    )
-    .expect("gpu");
+    tree.add_gpu().expect("gpu");
     let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
     // No kubelet unless a test brings one: a node's real socket is never asked.
     let kubelet = if extra.contains("kubelet_pod_resources_socket") {

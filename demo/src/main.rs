@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::process::Command;
 use std::time::Duration;
 
-use kata_topo_integration::{bin_dir, workspace, Containerd, ContainerdBin, Guard, Res};
+use kata_topo_integration::{bin_dir, workspace, Containerd, ContainerdBin, Guard, Resources};
 
 /// Bold headings only on a terminal, and not when `NO_COLOR` is set to anything but the
 /// empty string (no-color.org): a log or a pipe gets plain text.
@@ -83,7 +83,7 @@ fn main() {
     ];
     let cfg = cri.pod_config("trainer-pod", &annotations);
     let pod = cri.run_pod(&cfg, "kata-topo").expect("RunPodSandbox");
-    let admitted = Res::admitted();
+    let admitted = Resources::admitted();
     let id = cri
         .start_container(&pod, &cfg, "trainer", &admitted, true)
         .expect("StartContainer");
@@ -102,7 +102,7 @@ fn main() {
     show_findings(&c, &mut seen);
 
     step("In-place resize (KEP-1287): quota 1.5 CPUs, 512 MiB, same cpuset");
-    let resized = Res {
+    let resized = Resources {
         quota: 150_000,
         memory: 512 << 20,
         ..admitted.clone()
