@@ -9,7 +9,7 @@ pub enum ShimError {
     #[error("{0}")]
     Rejected(String),
     /// The delegate could not be reached.
-    #[error("kata-topo: the delegate shim at {address} is unavailable: {source}")]
+    #[error("kata-topo: the delegate shim at {address} is unavailable")]
     DelegateUnavailable {
         /// Its address.
         address: String,
@@ -33,11 +33,11 @@ impl ShimError {
         }
     }
 
-    /// The status to send.
+    /// The status to send: the message with its causes.
     pub fn status(&self) -> Status {
         Status {
             code: self.code() as i32,
-            message: self.to_string(),
+            message: kata_topo_core::text::error_chain(self),
             details: Vec::new(),
         }
     }
@@ -58,7 +58,14 @@ mod tests {
             source: std::io::ErrorKind::ConnectionRefused.into(),
         };
         assert_eq!(down.status().code, 14);
-        assert!(down.status().message.contains("unix:///run/x"));
+        assert_eq!(
+            down.status().message,
+            format!(
+                "kata-topo: the delegate shim at unix:///run/x is unavailable: {}",
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused)
+            ),
+            "the cause, once"
+        );
         let bad = ShimError::BadRequest("truncated".into());
         assert_eq!(bad.status().code, 3);
     }
