@@ -22,103 +22,78 @@ pub enum Severity {
     Error,
 }
 
-/// The rule ids (stable; monitoring matches on them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Rule {
-    /// The cpuset names CPUs the host does not have, or that are offline.
-    CpuUnknown,
-    /// `single-numa-node`: the CPUs cover more than one NUMA node.
-    CpuSpansNuma,
-    /// CPUs on NUMA nodes outside the allowed ones.
-    CpuOutsideIntent,
-    /// `cpuset.mems` outside the allowed nodes, or not the nodes of the CPUs.
-    MemsMismatch,
-    /// The memory limit exceeds the memory of the allowed nodes.
-    MemoryExceedsNodes,
-    /// A VFIO device is local to a node that holds none of the container's CPUs.
-    VfioRemote,
-    /// A VFIO device's locality cannot be determined on a multi-node host.
-    VfioLocalityUnknown,
-    /// A VFIO group or device is gone or no longer bound to vfio-pci.
-    VfioMissing,
-    /// The host topology changed since the baseline.
-    TopologyDrift,
-    /// Kata pinning is configured but cannot hold.
-    VcpuPinningLost,
-    /// A vCPU thread may run on CPUs outside the allowed nodes.
-    VcpuAffinityDrift,
-    /// Several vCPU threads pinned to one host CPU.
-    VcpuOverlap,
-    /// Kata NUMA mode: a VFIO device's host node is not mapped into the guest.
-    GuestNumaUncovered,
-    /// The check itself could not run.
-    CheckFailed,
-    /// An annotation value is invalid.
-    IntentInvalid,
-    /// A pod annotation would weaken what the node's configuration sets, or override it where
-    /// `pod_overrides` allows none: ignored, and said.
-    OverrideIgnored,
-    /// The container's cpuset is not the set of exclusive CPUs the kubelet's CPU manager
-    /// assigned it.
-    KubeletCpusMismatch,
-    /// A device the kubelet allocated the container sits on another NUMA node than the
-    /// topology hint it was admitted with, or is not in the container.
-    KubeletDeviceMismatch,
-    /// The kubelet was to give the intent and could not (timeout, refusal, garbage, a socket
-    /// not root's): the annotations and the baseline stand in, and this says why.
-    KubeletIntentUnavailable,
+/// Declares [`Rule`] from one list: each rule's variant and its stable id, in order. The enum,
+/// [`Rule::ALL`] and [`Rule::id`] all come from it, so a rule cannot be in one and not the
+/// others (serde's kebab-case names are held to the ids by a test).
+macro_rules! rules {
+    ($($(#[doc = $doc:literal])* $variant:ident = $id:literal,)*) => {
+        /// The rule ids (stable; monitoring matches on them).
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+        )]
+        #[serde(rename_all = "kebab-case")]
+        pub enum Rule {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Rule {
+            /// Every rule, in declaration order (a new rule goes at the end of the list): what
+            /// the severity table and the one in `docs/rules.md` are held complete against.
+            pub const ALL: [Rule; [$($id),*].len()] = [$(Self::$variant),*];
+
+            /// The kebab-case id.
+            pub fn id(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $id,)*
+                }
+            }
+        }
+    };
 }
 
-impl Rule {
-    /// Every rule, in declaration order (a new rule goes at the end of the enum and here): what
-    /// the severity table and the one in `docs/rules.md` are held complete against.
-    pub const ALL: [Rule; 19] = [
-        Self::CpuUnknown,
-        Self::CpuSpansNuma,
-        Self::CpuOutsideIntent,
-        Self::MemsMismatch,
-        Self::MemoryExceedsNodes,
-        Self::VfioRemote,
-        Self::VfioLocalityUnknown,
-        Self::VfioMissing,
-        Self::TopologyDrift,
-        Self::VcpuPinningLost,
-        Self::VcpuAffinityDrift,
-        Self::VcpuOverlap,
-        Self::GuestNumaUncovered,
-        Self::CheckFailed,
-        Self::IntentInvalid,
-        Self::OverrideIgnored,
-        Self::KubeletCpusMismatch,
-        Self::KubeletDeviceMismatch,
-        Self::KubeletIntentUnavailable,
-    ];
-
-    /// The kebab-case id.
-    pub fn id(self) -> &'static str {
-        match self {
-            Self::CpuUnknown => "cpu-unknown",
-            Self::CpuSpansNuma => "cpu-spans-numa",
-            Self::CpuOutsideIntent => "cpu-outside-intent",
-            Self::MemsMismatch => "mems-mismatch",
-            Self::MemoryExceedsNodes => "memory-exceeds-nodes",
-            Self::VfioRemote => "vfio-remote",
-            Self::VfioLocalityUnknown => "vfio-locality-unknown",
-            Self::VfioMissing => "vfio-missing",
-            Self::TopologyDrift => "topology-drift",
-            Self::VcpuPinningLost => "vcpu-pinning-lost",
-            Self::VcpuAffinityDrift => "vcpu-affinity-drift",
-            Self::VcpuOverlap => "vcpu-overlap",
-            Self::GuestNumaUncovered => "guest-numa-uncovered",
-            Self::CheckFailed => "check-failed",
-            Self::IntentInvalid => "intent-invalid",
-            Self::OverrideIgnored => "override-ignored",
-            Self::KubeletCpusMismatch => "kubelet-cpus-mismatch",
-            Self::KubeletDeviceMismatch => "kubelet-device-mismatch",
-            Self::KubeletIntentUnavailable => "kubelet-intent-unavailable",
-        }
-    }
+rules! {
+    /// The cpuset names CPUs the host does not have, or that are offline.
+    CpuUnknown = "cpu-unknown",
+    /// `single-numa-node`: the CPUs cover more than one NUMA node.
+    CpuSpansNuma = "cpu-spans-numa",
+    /// CPUs on NUMA nodes outside the allowed ones.
+    CpuOutsideIntent = "cpu-outside-intent",
+    /// `cpuset.mems` outside the allowed nodes, or not the nodes of the CPUs.
+    MemsMismatch = "mems-mismatch",
+    /// The memory limit exceeds the memory of the allowed nodes.
+    MemoryExceedsNodes = "memory-exceeds-nodes",
+    /// A VFIO device is local to a node that holds none of the container's CPUs.
+    VfioRemote = "vfio-remote",
+    /// A VFIO device's locality cannot be determined on a multi-node host.
+    VfioLocalityUnknown = "vfio-locality-unknown",
+    /// A VFIO group or device is gone or no longer bound to vfio-pci.
+    VfioMissing = "vfio-missing",
+    /// The host topology changed since the baseline.
+    TopologyDrift = "topology-drift",
+    /// Kata pinning is configured but cannot hold.
+    VcpuPinningLost = "vcpu-pinning-lost",
+    /// A vCPU thread may run on CPUs outside the allowed nodes.
+    VcpuAffinityDrift = "vcpu-affinity-drift",
+    /// Several vCPU threads pinned to one host CPU.
+    VcpuOverlap = "vcpu-overlap",
+    /// Kata NUMA mode: a VFIO device's host node is not mapped into the guest.
+    GuestNumaUncovered = "guest-numa-uncovered",
+    /// The check itself could not run.
+    CheckFailed = "check-failed",
+    /// An annotation value is invalid.
+    IntentInvalid = "intent-invalid",
+    /// A pod annotation would weaken what the node's configuration sets, or override it where
+    /// `pod_overrides` allows none: ignored, and said.
+    OverrideIgnored = "override-ignored",
+    /// The container's cpuset is not the set of exclusive CPUs the kubelet's CPU manager
+    /// assigned it.
+    KubeletCpusMismatch = "kubelet-cpus-mismatch",
+    /// A device the kubelet allocated the container sits on another NUMA node than the
+    /// topology hint it was admitted with, or is not in the container.
+    KubeletDeviceMismatch = "kubelet-device-mismatch",
+    /// The kubelet was to give the intent and could not (timeout, refusal, garbage, a socket
+    /// not root's): the annotations and the baseline stand in, and this says why.
+    KubeletIntentUnavailable = "kubelet-intent-unavailable",
 }
 
 impl fmt::Display for Rule {
@@ -173,24 +148,7 @@ mod tests {
 
     #[test]
     fn rule_ids_match_serde_names() {
-        for rule in [
-            Rule::CpuUnknown,
-            Rule::CpuSpansNuma,
-            Rule::CpuOutsideIntent,
-            Rule::MemsMismatch,
-            Rule::MemoryExceedsNodes,
-            Rule::VfioRemote,
-            Rule::VfioLocalityUnknown,
-            Rule::VfioMissing,
-            Rule::TopologyDrift,
-            Rule::VcpuPinningLost,
-            Rule::VcpuAffinityDrift,
-            Rule::VcpuOverlap,
-            Rule::GuestNumaUncovered,
-            Rule::CheckFailed,
-            Rule::IntentInvalid,
-            Rule::OverrideIgnored,
-        ] {
+        for rule in Rule::ALL {
             assert_eq!(
                 serde_json::to_value(rule).ok(),
                 Some(Value::from(rule.id()))
