@@ -11,7 +11,7 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};
-use crate::checks::{PodChecks, Sinks};
+use crate::checks::{Outputs, PodChecks};
 use crate::daemon::{cleanup, serve, Exit, OwnSocket};
 use crate::delegate::Delegate;
 use kata_topo_proto::wire::socket_path;
@@ -148,7 +148,7 @@ fn daemon(args: &Args) -> ExitCode {
         Some(dir) => Metrics::textfile(dir, &args.namespace, &args.group, drops.clone()),
         None => Metrics::off(),
     };
-    let sinks = Sinks {
+    let sinks = Outputs {
         log: log.clone(),
         events,
         metrics: metrics.clone(),

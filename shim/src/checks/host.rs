@@ -1,6 +1,6 @@
 //! The host topology one daemon checks against: loaded off the request path, reloaded every
 //! `topology_refresh_seconds`. Only the first load of a new daemon is waited for, and only for
-//! a bounded time ([`HostCache::current_within`]): on a fresh node the first pod's daemon
+//! a bounded time ([`CurrentHost::current_within`]): on a fresh node the first pod's daemon
 //! discovers the machine while the delegate starts, and its first check would otherwise always
 //! find it still loading. After that bound a check cannot run (it reports `check-failed`); a
 //! failed reload keeps the previous topology and says so in every verdict until a reload
@@ -33,9 +33,10 @@ struct Slot {
     tried: bool,
 }
 
-/// The topology and how fresh it is.
+/// The host topology a daemon checks against now, and how fresh it is (the node-wide
+/// [`TopologyCache`] on disk is what it loads from).
 #[derive(Debug)]
-pub(crate) struct HostCache {
+pub(crate) struct CurrentHost {
     source: TopologySource,
     /// The node-wide cache, for the live machine unless `topology_cache = false`.
     cache: Option<TopologyCache>,
@@ -44,7 +45,7 @@ pub(crate) struct HostCache {
     first: Gate,
 }
 
-impl HostCache {
+impl CurrentHost {
     pub(crate) fn new(source: TopologySource, cache: Option<TopologyCache>) -> Self {
         Self {
             source,
@@ -55,7 +56,7 @@ impl HostCache {
     }
 
     /// Says that the first load is under way (the refresher thread is about to run it), so
-    /// that [`HostCache::current_within`] waits for it.
+    /// that [`CurrentHost::current_within`] waits for it.
     pub(crate) fn first_load_asked(&self) {
         self.first.asked();
     }
@@ -64,7 +65,7 @@ impl HostCache {
         self.first.finished();
     }
 
-    /// [`HostCache::current`], after waiting at most `wait` for the first load when it is
+    /// [`CurrentHost::current`], after waiting at most `wait` for the first load when it is
     /// under way. Once it finished, when none was asked for, or once one wait ran out, this
     /// never waits (a load that hangs must not cost every request the wait).
     pub(crate) fn current_within(&self, wait: Duration) -> (Option<Arc<Host>>, Option<String>) {
@@ -213,12 +214,12 @@ mod tests {
         let still = Some("the host topology is still loading".to_string());
 
         // No load asked for: the answer is the state now.
-        let idle = HostCache::new(TopologySource::Xml(xml.clone()), None);
+        let idle = CurrentHost::new(TopologySource::Xml(xml.clone()), None);
         assert_eq!(idle.current_within(Duration::from_secs(3600)).1, still);
 
         // A load asked for that never finishes: the bound holds, and once it ran out no
         // later check waits (were it to, this would not answer within the minute).
-        let stuck = Arc::new(HostCache::new(TopologySource::Xml(xml.clone()), None));
+        let stuck = Arc::new(CurrentHost::new(TopologySource::Xml(xml.clone()), None));
         stuck.first_load_asked();
         assert_eq!(stuck.current_within(Duration::from_millis(50)).1, still);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -233,7 +234,7 @@ mod tests {
         );
 
         // A load under way that finishes: the check gets its host.
-        let cache = Arc::new(HostCache::new(TopologySource::Xml(xml), None));
+        let cache = Arc::new(CurrentHost::new(TopologySource::Xml(xml), None));
         cache.first_load_asked();
         let loader = {
             let cache = Arc::clone(&cache);
@@ -263,7 +264,7 @@ mod tests {
         let state = dir.path().join("state");
         let log_path = dir.path().join("kt.log");
         let log = Log::with_journal(&log_path, false, None, Drops::new());
-        let cache = HostCache::new(
+        let cache = CurrentHost::new(
             TopologySource::Live,
             Some(TopologyCache::new(&state, &root)),
         );
@@ -300,7 +301,7 @@ mod tests {
         assert_eq!(loaded[1]["changed"], "boot");
 
         // Another daemon of the node finds the new key's file: no discovery.
-        let other = HostCache::new(
+        let other = CurrentHost::new(
             TopologySource::Live,
             Some(TopologyCache::new(&state, &root)),
         );

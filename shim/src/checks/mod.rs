@@ -41,7 +41,7 @@ use kubelet::KubeletIntents;
 /// (nothing cached yet, a slow discovery) its first `Create` could otherwise arrive before
 /// the load finished and go unchecked. Later checks never wait.
 const FIRST_LOAD_WAIT: Duration = Duration::from_secs(3);
-use host::HostCache;
+use host::CurrentHost;
 use observe::Observer;
 use specs::SpecCache;
 pub(crate) use store::BaselineOf;
@@ -95,7 +95,7 @@ pub(crate) enum OnAccept {
 
 /// Where a pod's verdicts go.
 #[derive(Debug, Clone)]
-pub(crate) struct Sinks {
+pub(crate) struct Outputs {
     /// JSON lines.
     pub(crate) log: Logger,
     /// containerd events.
@@ -115,7 +115,7 @@ pub(crate) struct PodChecks {
     kata: KataConfig,
     namespace: String,
     group: String,
-    host: HostCache,
+    host: CurrentHost,
     sysfs: Sysfs,
     store: PodStore,
     specs: SpecCache,
@@ -123,7 +123,7 @@ pub(crate) struct PodChecks {
     pending_baselines: Mutex<Vec<(BaselineOf, Arc<ContainerSpec>)>>,
     announcer: Announcer,
     observer: Observer,
-    sinks: Sinks,
+    sinks: Outputs,
     /// The delegate's pid, once it reported it: a VMM of this sandbox descends from it or
     /// sits in a cgroup naming the sandbox.
     delegate_pid: std::sync::OnceLock<u32>,
@@ -139,7 +139,7 @@ impl PodChecks {
         kata: KataConfig,
         namespace: &str,
         group: &str,
-        sinks: Sinks,
+        sinks: Outputs,
     ) -> Arc<Self> {
         let Resolved {
             config,
@@ -167,7 +167,7 @@ impl PodChecks {
         });
         let checks = Arc::new(Self {
             origin: (file, source),
-            host: HostCache::new(
+            host: CurrentHost::new(
                 config.topology_source(),
                 kata_topo_core::cache::TopologyCache::from_config(&config),
             ),

@@ -10,7 +10,7 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_core::testutil::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
-use super::{Outcome, PodChecks, Sinks};
+use super::{Outcome, Outputs, PodChecks};
 
 /// A pod's checks over the scenario's two-node host and a GPU on node 1 in VFIO group 42,
 /// logging to a file in a temporary directory.
@@ -67,7 +67,7 @@ pub(crate) fn pod_configured(
     .expect("config");
     let drops = Drops::new();
     let log = Log::with_journal(&config.log_file, false, None, drops.clone());
-    let sinks = Sinks {
+    let sinks = Outputs {
         log: log.logger().clone(),
         events: Events::off(),
         metrics: if metrics {
