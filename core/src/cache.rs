@@ -145,7 +145,7 @@ impl CacheKey {
         }
 
         let boot_path = root.join("proc/sys/kernel/random/boot_id");
-        let boot = crate::fsutil::read_text_bounded_nofollow(&boot_path, 4096)
+        let boot = crate::files::read_text_bounded_nofollow(&boot_path, 4096)
             .map_err(|source| KeyError::Proc {
                 what: "boot id",
                 path: boot_path.clone(),
@@ -656,7 +656,7 @@ impl TopologyCache {
             let text = match sys.attribute(&rel) {
                 Ok(Some(t)) => Some(t),
                 // A kernel without NUMA: the machine's memory is the one node's.
-                Ok(None) if single => crate::fsutil::read_text_bounded_nofollow(
+                Ok(None) if single => crate::files::read_text_bounded_nofollow(
                     &self.root.join("proc/meminfo"),
                     1 << 20,
                 )

@@ -260,7 +260,7 @@ impl Config {
 
     /// Reads one file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = crate::fsutil::read_text_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
+        let text = crate::files::read_text_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
             if source.kind() == std::io::ErrorKind::FileTooLarge {
                 ConfigError::TooLarge(path.to_path_buf())
             } else {

@@ -16,6 +16,7 @@ use hwlocality::topology::export::xml::XMLExportFlags;
 use hwlocality::Topology;
 use serde::Serialize;
 
+use crate::digest::fnv1a;
 use crate::idset::IdSet;
 use crate::pci::{Bdf, DeviceState};
 
@@ -141,7 +142,7 @@ impl Host {
             TopologySource::Live => Self::discover().map(|(host, _)| host),
             TopologySource::Xml(path) => {
                 let xml =
-                    crate::fsutil::read_text_bounded(path, MAX_XML_BYTES).map_err(|source| {
+                    crate::files::read_text_bounded(path, MAX_XML_BYTES).map_err(|source| {
                         if source.kind() == std::io::ErrorKind::FileTooLarge {
                             HostError::TooLarge { path: path.clone() }
                         } else {
@@ -448,16 +449,6 @@ fn pci_device(
     })
 }
 
-/// FNV-1a, 64 bit: stable across builds and platforms, which `DefaultHasher` is not.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,11 +477,5 @@ mod tests {
                 "{text}"
             );
         }
-    }
-
-    #[test]
-    fn fnv_is_stable() {
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

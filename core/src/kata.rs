@@ -86,7 +86,7 @@ impl Default for KataConfig {
 
 fn read(path: &Path) -> Result<toml::Table, KataError> {
     let text =
-        crate::fsutil::read_text_bounded(path, MAX_BYTES).map_err(|source| KataError::Read {
+        crate::files::read_text_bounded(path, MAX_BYTES).map_err(|source| KataError::Read {
             path: path.to_path_buf(),
             source,
         })?;

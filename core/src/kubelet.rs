@@ -124,7 +124,7 @@ impl Default for KubeletSettings {
 impl KubeletSettings {
     /// Reads the kubelet's configuration file (a link is not followed; at most 1 MiB).
     pub fn read(path: &Path) -> Result<Self, KubeletConfigError> {
-        let text = crate::fsutil::read_text_bounded_nofollow(path, MAX_KUBELET_CONFIG_BYTES)
+        let text = crate::files::read_text_bounded_nofollow(path, MAX_KUBELET_CONFIG_BYTES)
             .map_err(|source| KubeletConfigError::Read {
                 path: path.to_path_buf(),
                 source,

@@ -10,8 +10,8 @@
 pub mod cache;
 pub mod check;
 pub mod config;
+pub mod digest;
 pub mod files;
-pub mod fsutil;
 pub mod host;
 pub mod idset;
 pub mod intent;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::read_text_bounded;
+use crate::files::read_text_bounded;
 
 /// A process: its pid and its start time (clock ticks after boot, `/proc/<pid>/stat` field 22).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -306,7 +306,7 @@ pub(crate) fn read_bounded(
     limit: u64,
     what: &'static str,
 ) -> Result<Vec<u8>, RequestError> {
-    crate::fsutil::read_bounded(path, limit).map_err(|source| {
+    crate::files::read_bounded(path, limit).map_err(|source| {
         if source.kind() == std::io::ErrorKind::FileTooLarge {
             RequestError::TooLarge { what, limit }
         } else {

@@ -95,12 +95,7 @@ pub fn safe_name(name: &str) -> String {
     if plain {
         name.to_string()
     } else {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("x-{h:016x}")
+        format!("x-{:016x}", crate::digest::fnv1a(name.as_bytes()))
     }
 }
 
@@ -116,7 +111,7 @@ const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Reads a file this module wrote: bounded, a regular file, never through a symbolic link.
 fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
-    match crate::fsutil::read_bounded_nofollow(path, MAX_STATE_FILE_BYTES) {
+    match crate::files::read_bounded_nofollow(path, MAX_STATE_FILE_BYTES) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -184,7 +184,7 @@ impl Sysfs {
             return Ok(None);
         };
         // The path is resolved already: a link in its place now was planted since.
-        crate::fsutil::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES)
+        crate::files::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES)
             .map(|t| Some(t.trim().to_string()))
             .map_err(|source| SysfsError::Io {
                 path: path.clone(),
@@ -214,7 +214,7 @@ impl Sysfs {
                 return Err(SysfsError::Escapes(dir.join(name)));
             }
             let path = dir.join(name);
-            match crate::fsutil::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES) {
+            match crate::files::read_text_bounded_nofollow(&path, MAX_ATTR_BYTES) {
                 Ok(text) => values.push(Some(text.trim().to_string())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => values.push(None),
                 Err(source) => return Err(SysfsError::Io { path, source }),

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use kata_topo_core::check::{Request, Running};
-use kata_topo_core::fsutil;
+use kata_topo_core::files;
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::kubelet::KubeletSettings;
 use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
@@ -83,10 +83,10 @@ fn is_stdin(path: &Path) -> bool {
 /// Reads one input whole: standard input for `-`, else a regular file; at most `limit` bytes.
 fn read_input(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
     if is_stdin(path) {
-        fsutil::read_to_limit(std::io::stdin().lock(), limit)
+        files::read_to_limit(std::io::stdin().lock(), limit)
             .with_context(|| format!("cannot read {what} from standard input"))
     } else {
-        fsutil::read_bounded(path, limit)
+        files::read_bounded(path, limit)
             .with_context(|| format!("cannot read {what} {}", path.display()))
     }
 }

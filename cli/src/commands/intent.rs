@@ -62,7 +62,7 @@ pub(crate) fn recorded(
     namespace: &str,
     name: &str,
 ) -> Result<KubeletView> {
-    let text = kata_topo_core::fsutil::read_text_bounded(path, MAX_POD_RESOURCES_BYTES)
+    let text = kata_topo_core::files::read_text_bounded(path, MAX_POD_RESOURCES_BYTES)
         .with_context(|| format!("cannot read the PodResources answer {}", path.display()))?;
     let pods = PodAdmission::from_json(&text)
         .map_err(|e| anyhow::anyhow!("{} is not a PodResources answer: {e}", path.display()))?;

@@ -1,7 +1,7 @@
 //! The subcommands, one module each: its arguments and the function that runs it; and the
 //! arguments more than one of them takes.
 //!
-//! Every input file is read through [`kata_topo_core::fsutil`]: bounded, and a regular file (or
+//! Every input file is read through [`kata_topo_core::files`]: bounded, and a regular file (or
 //! `-`, standard input, for `--spec`, `--update` or `--baseline`); anything else is exit 2
 //! naming the file and what it is.
 

@@ -235,7 +235,7 @@ impl Dir {
         private(&st, "file").map_err(|why| untrusted(format!("{name}: {why}")))?;
         // A regular file: blocking reads from here on.
         rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY)?;
-        crate::fsutil::read_to_limit(File::from(fd), limit)
+        super::read::read_to_limit(File::from(fd), limit)
     }
 
     /// The names in the directory (not `.` and `..`).

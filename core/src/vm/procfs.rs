@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::fsutil::read_bounded_nofollow;
+use crate::files::read_bounded_nofollow;
 use crate::idset::{IdSet, MAX_ID};
 
 use super::VmError;
