@@ -7,6 +7,15 @@
 //! hung filesystem, a slow containerd) the item is dropped and counted — in
 //! `kata_topo_sink_dropped_total{sink}` and in a log line once writing works again — never
 //! waited for.
+//!
+//! The writer threads keep what each sink must keep when it falls behind, so there are three
+//! kinds, not one: the log lines and events go through a bounded FIFO [`queue::Lane`] (every
+//! line in order, the overflow dropped and counted); the state files through [`Persist`],
+//! coalesced by file (only the latest version of each waits, nothing is dropped); the metrics
+//! file through [`Metrics`]' own writer, whose counters live in memory and are rendered whole
+//! at each change and heartbeat (a counter is never dropped). One wait serves the callers of
+//! all of them ([`queue`]'s `wait_until`): a writer stuck on a hung filesystem is waited for
+//! only until the caller's deadline.
 
 pub mod events;
 pub mod journal;

@@ -17,7 +17,7 @@ use kata_topo_core::files::Dir;
 use kata_topo_core::Verdict;
 use sha2::{Digest, Sha256};
 
-use crate::queue::{Drops, Sink};
+use crate::queue::{wait_until, Drops, Sink};
 
 /// Histogram buckets for `kata_topo_check_duration_seconds`.
 const BUCKETS: [f64; 11] = [
@@ -187,21 +187,9 @@ impl Metrics {
         let Some(s) = &self.0 else {
             return true;
         };
-        let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
-        c.removed = true;
+        s.counters.lock().unwrap_or_else(|e| e.into_inner()).removed = true;
         s.wake.notify_one();
-        while !c.gone {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            c = s
-                .wake
-                .wait_timeout(c, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
-        true
+        wait_until(&s.counters, &s.wake, deadline, |c| c.gone)
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use crate::queue::{Drops, Sink};
+use crate::queue::{wait_until, Drops, Sink};
 
 type Job = Box<dyn FnOnce() -> std::io::Result<()> + Send>;
 /// Hears of a failed write: the key and the error.
@@ -110,19 +110,9 @@ impl Persist {
         let Some(shared) = &self.shared else {
             return true;
         };
-        let mut p = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-        while !p.jobs.is_empty() || p.last.is_some() || p.busy {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            p = shared
-                .wake
-                .wait_timeout(p, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
-        true
+        wait_until(&shared.pending, &shared.wake, deadline, |p| {
+            p.jobs.is_empty() && p.last.is_none() && !p.busy
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 /// The sinks that can drop what they are given.
@@ -61,6 +61,29 @@ impl Drops {
     pub fn snapshot(&self) -> [u64; 4] {
         Sink::ALL.map(|s| self.get(s))
     }
+}
+
+/// Waits on `wake` until `done` holds for what `lock` guards, or `deadline` passed; returns
+/// whether it held. The one wait of the writers whose callers wait for them (a flush, a
+/// removal): a writer stuck on a hung filesystem is never waited for past the deadline.
+pub(crate) fn wait_until<T>(
+    lock: &Mutex<T>,
+    wake: &Condvar,
+    deadline: Instant,
+    mut done: impl FnMut(&T) -> bool,
+) -> bool {
+    let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    while !done(&guard) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        guard = wake
+            .wait_timeout(guard, left)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+    true
 }
 
 enum Item<T> {
