@@ -559,7 +559,6 @@ impl fmt::Display for Origin {
 /// A host and how it was loaded.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The host.
     pub host: Host,
     /// The key it was loaded under (the cache only).
     pub key: Option<CacheKey>,
@@ -626,7 +625,6 @@ impl TopologyCache {
             .then(|| Self::for_this_machine(&config.state_dir))
     }
 
-    /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

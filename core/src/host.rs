@@ -106,9 +106,7 @@ pub struct PciDevice {
     pub bus_id: Bdf,
     /// PCI class and subclass (`0x0302` is a 3D controller).
     pub class_id: u16,
-    /// Vendor id.
     pub vendor_id: u16,
-    /// Device id.
     pub device_id: u16,
     /// NUMA locality from hwloc's tree.
     pub locality: Locality,

@@ -365,7 +365,6 @@ pub struct BaselineDevice {
 pub struct Baseline {
     /// Format version.
     pub version: u32,
-    /// The sandbox.
     pub sandbox_id: Option<String>,
     /// The container name (CRI); the key recreates are matched on.
     pub container_name: Option<String>,

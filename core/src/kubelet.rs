@@ -242,7 +242,6 @@ pub struct MemoryAdmission {
     pub memory_type: String,
     /// Bytes.
     pub size: u64,
-    /// Its NUMA nodes.
     pub numa_nodes: IdSet,
 }
 
@@ -409,7 +408,6 @@ fn topology(v: &Value) -> Result<IdSet, String> {
 pub enum KubeletView {
     /// The pod as the kubelet admitted it, under the node's kubelet settings.
     Admitted {
-        /// The pod.
         pod: PodAdmission,
         /// The node's kubelet settings.
         settings: KubeletSettings,

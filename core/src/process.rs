@@ -14,7 +14,6 @@ use crate::files::read_text_bounded;
 /// A process: its pid and its start time (clock ticks after boot, `/proc/<pid>/stat` field 22).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessId {
-    /// The pid.
     pub pid: u32,
     /// When it started, in clock ticks after boot.
     pub start_time: u64,

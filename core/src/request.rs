@@ -45,7 +45,6 @@ pub enum RequestError {
     TooLarge {
         /// What it is.
         what: &'static str,
-        /// The limit.
         limit: u64,
     },
     /// The JSON is malformed or not the expected document.
@@ -210,7 +209,6 @@ pub struct ContainerSpec {
     pub sandbox_id: Option<String>,
     /// The container name (CRI annotation).
     pub container_name: Option<String>,
-    /// The pod.
     pub pod: PodRef,
     /// `linux.resources`.
     pub resources: Resources,

@@ -115,7 +115,6 @@ impl fmt::Display for Severity {
 /// One thing that does not match.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
-    /// The rule.
     pub rule: Rule,
     /// Its severity under the pod's policy.
     pub severity: Severity,

@@ -40,7 +40,6 @@ const DAEMON_FILE: &str = "daemon.json";
 pub struct DaemonRecord {
     /// The wrapper daemon.
     pub wrapper: ProcessId,
-    /// The delegate's address.
     pub delegate_address: String,
     /// The delegate shim's process, once the daemon asked it (`Connect`).
     pub delegate: Option<ProcessId>,
@@ -171,7 +170,6 @@ impl GroupState {
         write_json(&self.dir.join(DAEMON_FILE), d)
     }
 
-    /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -84,13 +84,11 @@ pub struct Verdict {
     pub operation: Operation,
     /// The update class; `null` for creates.
     pub class: Option<UpdateClass>,
-    /// The sandbox id.
     pub sandbox_id: Option<String>,
     /// The container (task) id.
     pub container_id: Option<String>,
     /// The container name (CRI).
     pub container_name: Option<String>,
-    /// The pod.
     pub pod: PodRef,
     /// The policy applied.
     pub policy: Policy,

@@ -384,7 +384,6 @@ impl CloudHypervisor {
         ch
     }
 
-    /// Its pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

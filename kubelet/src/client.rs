@@ -54,7 +54,6 @@ impl PodResourcesClient {
         self
     }
 
-    /// The socket.
     pub fn socket(&self) -> &Path {
         &self.socket
     }

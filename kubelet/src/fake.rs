@@ -64,7 +64,6 @@ impl FakeKubelet {
         Self::start(Behaviour::Answer(answer.encode_to_vec(), Duration::ZERO))
     }
 
-    /// Its socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("kubelet.sock")
     }

@@ -52,9 +52,7 @@ pub struct Frame {
     pub stream_id: u32,
     /// Frame type.
     pub kind: u8,
-    /// Flags.
     pub flags: u8,
-    /// Payload.
     pub payload: Vec<u8>,
 }
 
@@ -131,15 +129,12 @@ impl Frame {
 /// What [`Frame::read_or_skip`] read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming {
-    /// A frame.
     Frame(Frame),
     /// A frame over [`MAX_FRAME`], read past.
     Oversized {
-        /// Its stream.
         stream_id: u32,
         /// Its type.
         kind: u8,
-        /// Its length.
         len: usize,
     },
 }

@@ -151,7 +151,6 @@ impl Args {
         Ok(a)
     }
 
-    /// The action.
     pub fn action(&self) -> Action {
         match self.action_word.as_deref() {
             Some("start") => Action::Start,

@@ -11,7 +11,6 @@ pub enum ShimError {
     /// The delegate could not be reached.
     #[error("kata-topo: the delegate shim at {address} is unavailable")]
     DelegateUnavailable {
-        /// Its address.
         address: String,
         /// What failed.
         #[source]

@@ -342,7 +342,6 @@ impl Log {
         }
     }
 
-    /// The logger.
     pub fn logger(&self) -> &Logger {
         &self.logger
     }

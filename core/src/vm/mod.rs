@@ -66,7 +66,6 @@ pub enum VmError {
     /// The process is not there.
     #[error("process {pid} does not exist under {root}")]
     NoProcess {
-        /// The pid.
         pid: u32,
         /// The procfs root.
         root: PathBuf,
@@ -87,7 +86,6 @@ pub enum VmError {
         what: &'static str,
         /// The directory.
         path: PathBuf,
-        /// The limit.
         limit: usize,
     },
     /// The process is not a VMM and several of its children are.
@@ -210,7 +208,6 @@ pub enum Check {
 }
 
 impl Check {
-    /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             Self::Owner => "owner",

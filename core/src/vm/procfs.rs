@@ -155,7 +155,6 @@ pub(crate) struct Task {
 pub(crate) struct Process {
     /// The process's directory under the procfs root.
     pub(crate) dir: PathBuf,
-    /// Its pid.
     pub(crate) pid: u32,
     /// Its command name.
     pub(crate) comm: String,

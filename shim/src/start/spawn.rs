@@ -22,7 +22,6 @@ pub(super) enum Daemon {
     /// Just started; waiting on its stdin for the delegate's address and version.
     Starting {
         stdin: std::process::ChildStdin,
-        /// Its socket.
         socket: PathBuf,
         /// The process (reaped when `start` exits).
         child: std::process::Child,
