@@ -9,45 +9,25 @@ use crate::{bin_dir, Containerd, ContainerdBin};
 impl Containerd {
     /// Starts `ctr events` in the background, writing to a file.
     pub fn events(&self) -> EventsWatcher {
-        let path = self
-            .dir
-            .path()
-            .join(format!("events-{}.txt", std::process::id()));
-        let file = std::fs::File::create(&path).expect("events file");
-        let errors = std::fs::File::create(path.with_extension("err")).expect("events file");
-        let child = Command::new(ContainerdBin::get().ctr())
-            .arg("-a")
-            .arg(&self.socket)
-            .arg("events")
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(errors)
-            .spawn()
-            .expect("ctr events");
-        std::thread::sleep(Duration::from_millis(300));
-        EventsWatcher { child, path }
+        let mut ctr = Command::new(ContainerdBin::get().ctr());
+        ctr.arg("-a").arg(&self.socket).arg("events");
+        EventsWatcher::start(
+            ctr,
+            self.dir
+                .path()
+                .join(format!("events-{}.txt", std::process::id())),
+        )
     }
 
     /// Starts `kata-topo events` (the CLI) in the background, writing to a file.
     pub fn kata_topo_events(&self, namespace: &str) -> EventsWatcher {
-        let path = self.dir.path().join(format!(
-            "kata-topo-events-{namespace}-{}.txt",
-            std::process::id()
-        ));
-        let file = std::fs::File::create(&path).expect("events file");
-        let errors = std::fs::File::create(path.with_extension("err")).expect("events file");
-        let child = Command::new(bin_dir().join("kata-topo"))
-            .arg("events")
+        let mut cli = Command::new(bin_dir().join("kata-topo"));
+        cli.arg("events")
             .arg("--address")
             .arg(&self.socket)
-            .args(["--namespace", namespace])
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(errors)
-            .spawn()
-            .expect("kata-topo events");
-        std::thread::sleep(Duration::from_millis(300));
-        EventsWatcher { child, path }
+            .args(["--namespace", namespace]);
+        let name = format!("kata-topo-events-{namespace}-{}.txt", std::process::id());
+        EventsWatcher::start(cli, self.dir.path().join(name))
     }
 
     /// The reader of kata-topo's events an operator uses on this containerd: `ctr events` on
@@ -70,6 +50,21 @@ pub struct EventsWatcher {
 }
 
 impl EventsWatcher {
+    /// Runs `reader` with its standard output in `path` and its standard error beside it
+    /// (`.err`), and gives it a moment to subscribe.
+    fn start(mut reader: Command, path: PathBuf) -> Self {
+        let file = std::fs::File::create(&path).expect("events file");
+        let errors = std::fs::File::create(path.with_extension("err")).expect("events file");
+        let child = reader
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(errors)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{:?}: {e}", reader.get_program()));
+        std::thread::sleep(Duration::from_millis(300));
+        Self { child, path }
+    }
+
     /// The lines printed so far.
     pub fn lines(&self) -> Vec<String> {
         std::fs::read_to_string(&self.path)
