@@ -1,5 +1,6 @@
 use super::testing::{pod, pod_configured, pod_with, write_bundle, Pod};
 use super::*;
+use kata_topo_core::testutil::GPU;
 use kata_topo_core::Rule;
 use kata_topo_proto::wire::Code;
 
@@ -500,7 +501,7 @@ fn the_kubelet_is_the_intent_and_is_asked_at_creates_and_resizes_only() {
             cpu_ids: vec![1],
             devices: vec![v1::ContainerDevices {
                 resource_name: "kata-topo.io/vfio".into(),
-                device_ids: vec!["0000:b7:00.0".into()],
+                device_ids: vec![GPU.into()],
                 topology: Some(gpu_node_1),
             }],
             ..Default::default()
