@@ -156,7 +156,9 @@ impl Pod {
         self.create_with_pid(7);
     }
 
-    /// The delegate reported its pid (its `Connect` reply's `shim_pid`).
+    /// The delegate reported its pid (its `Connect` reply's `shim_pid`). For the integration
+    /// tests only (feature `testing`): no unit test needs it.
+    #[cfg(feature = "testing")]
     pub fn delegate_is(&self, pid: u32) {
         self.checks
             .record_daemon("unix:///run/test/delegate.sock", Some(pid));
