@@ -57,12 +57,19 @@ fn get_answer() -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// The deadline of the tests that expect it to run out.
 const TIMEOUT: Duration = Duration::from_millis(300);
+/// How late past its deadline a call may return: the runtime's wake-up and, on a loaded
+/// machine, the scheduler's. A call that waited for the slow kubelet instead would be later.
+const SLACK: Duration = Duration::from_secs(1);
+/// The deadline of the tests that expect an answer: generous, so a loaded machine's slow
+/// start of the fake kubelet is not taken for a timeout.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 #[test]
 fn gets_a_pod_from_a_kubelet_that_answers() {
     let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
-    let client = kubelet.client(TIMEOUT);
+    let client = kubelet.client(ANSWER_WITHIN);
     let pod = client.get("default", "guaranteed").expect("answers");
     assert_eq!(pod, guaranteed_pod());
     // And again: nothing of the first call stays behind.
@@ -75,7 +82,7 @@ fn lists_pods() {
         pod_resources: vec![guaranteed_pod(), v1::PodResources::default()],
     };
     let kubelet = FakeKubelet::start(Behaviour::Answer(list.encode_to_vec(), Duration::ZERO));
-    assert_eq!(kubelet.client(TIMEOUT).list().expect("answers"), list);
+    assert_eq!(kubelet.client(ANSWER_WITHIN).list().expect("answers"), list);
 }
 
 #[test]
@@ -88,24 +95,26 @@ fn a_hung_kubelet_costs_the_deadline_and_no_more() {
         .expect_err("no answer");
     let took = started.elapsed();
     assert_eq!(e, KubeletError::Timeout(300));
-    assert!(
-        took >= TIMEOUT && took < TIMEOUT + Duration::from_millis(200),
-        "{took:?}"
-    );
+    assert!(took >= TIMEOUT && took < TIMEOUT + SLACK, "{took:?}");
 }
 
 #[test]
 fn a_slow_kubelet_is_a_timeout_and_a_prompt_one_an_answer() {
-    let slow = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::from_secs(2)));
+    let slow = FakeKubelet::start(Behaviour::Answer(get_answer(), TIMEOUT + SLACK * 3));
     let started = Instant::now();
     let e = slow
         .client(TIMEOUT)
         .get("default", "p")
         .expect_err("too late");
     assert_eq!(e.kind(), "timeout");
-    assert!(started.elapsed() < TIMEOUT + Duration::from_millis(200));
+    assert!(
+        started.elapsed() < TIMEOUT + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
+    // One that answers in 50 ms is an answer.
     let prompt = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::from_millis(50)));
-    assert!(prompt.client(TIMEOUT).get("default", "p").is_ok());
+    assert!(prompt.client(ANSWER_WITHIN).get("default", "p").is_ok());
 }
 
 #[test]
@@ -113,25 +122,30 @@ fn a_closed_connection_is_said_at_once() {
     let kubelet = FakeKubelet::start(Behaviour::Close);
     let started = Instant::now();
     let e = kubelet
-        .client(TIMEOUT)
+        .client(ANSWER_WITHIN)
         .get("default", "p")
         .expect_err("closed");
     assert!(matches!(e.kind(), "closed" | "protocol"), "{e}");
-    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+    // Long before the deadline: the close is noticed, not waited out.
+    assert!(
+        started.elapsed() < ANSWER_WITHIN / 2,
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
 fn a_garbage_speaking_socket_is_not_grpc() {
     let kubelet = FakeKubelet::start(Behaviour::Garbage);
     let e = kubelet
-        .client(TIMEOUT)
+        .client(ANSWER_WITHIN)
         .get("default", "p")
         .expect_err("garbage");
     assert!(matches!(e.kind(), "protocol" | "closed"), "{e}");
     // An answer that is gRPC but not a PodResources message.
     let kubelet = FakeKubelet::start(Behaviour::Answer(vec![0xff; 7], Duration::ZERO));
     let e = kubelet
-        .client(TIMEOUT)
+        .client(ANSWER_WITHIN)
         .get("default", "p")
         .expect_err("garbage");
     assert_eq!(e.kind(), "garbage", "{e}");
@@ -141,7 +155,7 @@ fn a_garbage_speaking_socket_is_not_grpc() {
 fn a_grpc_error_names_its_status() {
     let kubelet = FakeKubelet::start(Behaviour::Status(5, "pod p in namespace default not found"));
     let e = kubelet
-        .client(TIMEOUT)
+        .client(ANSWER_WITHIN)
         .get("default", "p")
         .expect_err("not found");
     assert_eq!(
@@ -192,7 +206,7 @@ fn asking_gives_the_admission_or_why_not() {
         "cpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\ntopologyManagerScope: pod\n",
     )
     .expect("config");
-    let client = kubelet.client(TIMEOUT);
+    let client = kubelet.client(ANSWER_WITHIN);
     match crate::ask(&client, &config, "default", "guaranteed") {
         KubeletView::Admitted { pod, settings } => {
             assert_eq!(settings.topology_manager_scope, TopologyScope::Pod);
