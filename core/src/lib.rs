@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 pub mod cache;
 pub mod check;
 pub mod config;

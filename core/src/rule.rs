@@ -94,6 +94,14 @@ rules! {
     /// The kubelet was to give the intent and could not (timeout, refusal, garbage, a socket
     /// not root's): the annotations and the baseline stand in, and this says why.
     KubeletIntentUnavailable = "kubelet-intent-unavailable",
+    /// The pod's nodeSelector or required node affinity no longer matches its node's labels.
+    NodeAffinityViolated = "node-affinity-violated",
+    /// A node label the pod's affinity names changed since its first create and the
+    /// affinity still holds, or a preferred term matches no more.
+    NodeLabelsChanged = "node-labels-changed",
+    /// The node's labels or the pod could not be read from the API server: the affinity went
+    /// unchecked, and this says why.
+    NodeLabelsUnavailable = "node-labels-unavailable",
 }
 
 impl fmt::Display for Rule {

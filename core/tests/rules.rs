@@ -836,6 +836,44 @@ fn every_rule_message_is_one_clean_line() {
             ),
         );
     }
+    // node-affinity-violated, node-labels-changed (a preferred term lost and a required label
+    // changed), node-labels-unavailable.
+    {
+        use kata_topo_core::affinity::{self, NodeLabels, PodPlacement};
+        let pod = PodPlacement::from_json(
+            br#"{"kind":"Pod","metadata":{"namespace":"ml","name":"gpu-pod",
+                "ownerReferences":[{"kind":"StatefulSet","name":"gpu","controller":true}]},
+              "spec":{"nodeSelector":{"nic":"mlx5"},"affinity":{"nodeAffinity":{
+                "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
+                  {"matchExpressions":[{"key":"cores","operator":"Gt","values":["8"]}]}]},
+                "preferredDuringSchedulingIgnoredDuringExecution":[{"weight":5,"preference":{
+                  "matchExpressions":[{"key":"zone","operator":"In","values":["a"]}]}}]}}}}"#,
+        )
+        .expect("pod");
+        let node = |cores: &str, zone: &str| NodeLabels {
+            name: "worker".into(),
+            labels: [("nic", "mlx5"), ("cores", cores), ("zone", zone)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let then = node("16", "a");
+        let mut v = verdicts[0].clone();
+        v.findings = affinity::check(&pod, &node("4", "a"), Some(&then), defaults().policy, false);
+        v.findings.extend(affinity::check(
+            &pod,
+            &node("32", "b"),
+            Some(&then),
+            defaults().policy,
+            false,
+        ));
+        v.findings.extend(affinity::unavailable(
+            "the API server did not answer within 500 ms",
+            defaults().policy,
+            false,
+        ));
+        verdicts.push(v);
+    }
 
     let mut seen: Vec<Rule> = Vec::new();
     for v in &verdicts {

@@ -42,10 +42,13 @@ impl Weight {
 /// (`kubelet-cpus-mismatch`, `kubelet-device-mismatch`): an error where the Topology Manager
 /// enforces alignment (restricted, single-numa-node), else a warning — under `none` too,
 /// since the CPU manager's and the device plugins' assignment holds whatever the alignment
-/// policy.
+/// policy. The pod's own required node affinity no longer holding on its node
+/// (`node-affinity-violated`): an error under every policy, since the NUMA policy does not
+/// weaken what the pod itself requires of its node; its labels changed while it holds, or
+/// could not be read (`node-labels-changed`, `node-labels-unavailable`): a warning.
 /// Every rule is in exactly one row, checked when the crate compiles (below).
 #[rustfmt::skip]
-const TABLE: [(&[Rule], [Weight; 4]); 11] = {
+const TABLE: [(&[Rule], [Weight; 4]); 13] = {
     use Rule::*;
     use Weight::{Error, FailClosed, Off, Warning};
     [
@@ -63,6 +66,9 @@ const TABLE: [(&[Rule], [Weight; 4]); 11] = {
            KubeletIntentUnavailable],              [Warning,    Warning,    Warning,    Warning]),
         (&[KubeletCpusMismatch],                   [Warning,    Warning,    Error,      Error]),
         (&[KubeletDeviceMismatch],                 [Warning,    Warning,    Error,      Error]),
+        (&[NodeAffinityViolated],                  [Error,      Error,      Error,      Error]),
+        (&[NodeLabelsChanged,
+           NodeLabelsUnavailable],                 [Warning,    Warning,    Warning,    Warning]),
     ]
 };
 

@@ -1,0 +1,851 @@
+//! Node affinity after scheduling: a pod's `spec.nodeSelector` and
+//! `spec.affinity.nodeAffinity` against its node's labels as they are now.
+//!
+//! The scheduler evaluates these once, at placement; an in-place resize or a container
+//! recreate never passes it again, so a node relabelled since (a feature label gone, a
+//! topology key removed, Node Feature Discovery's labels rewritten) leaves the pod running in
+//! violation of its own requirement. Kubernetes never implemented
+//! `requiredDuringSchedulingRequiredDuringExecution`; kata-topo checks at the points it sees,
+//! each update and recreate:
+//!
+//! - `node-affinity-violated`: the nodeSelector or every required term no longer matches;
+//! - `node-labels-changed`: a label that one of the pod's terms names changed since the pod's
+//!   first create (the **label baseline**) and the term still holds, or a preferred term that
+//!   matched the baseline matches no more;
+//! - `node-labels-unavailable`: the node or the pod could not be read, and why.
+//!
+//! The semantics are upstream's (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`
+//! over `k8s.io/apimachinery/pkg/labels`): the nodeSelector's pairs must all be equal; terms
+//! are ORed, a term's expressions ANDed; an empty list of terms matches nothing, and so does a
+//! term with neither expressions nor fields; `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`,
+//! `Lt`, where `NotIn` and `DoesNotExist` hold for an absent label, and `Gt`/`Lt` need an
+//! integer on both sides (anything else does not match); `matchFields` takes `In`/`NotIn` with
+//! exactly one value against `metadata.name`. A requirement upstream would refuse to parse
+//! (a wrong number of values, an unknown operator, a non-integer `Gt` value) makes its term
+//! match nothing, as upstream's lazy parse does. Label key and value syntax is not re-checked:
+//! the API server validated it when the pod was created.
+//!
+//! Pure: the Node and the Pod come in as the API server's JSON; nothing here does I/O.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::policy::Policy;
+use crate::rule::{severity, Finding, Rule};
+
+/// A node's labels, by key.
+pub type Labels = BTreeMap<String, String>;
+
+/// One requirement of a term: `key`, `operator`, `values`, as the API writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    /// The label key (or `metadata.name` in `matchFields`).
+    pub key: String,
+    /// `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt` or `Lt` (kept as written: an unknown
+    /// operator makes its term match nothing, as upstream).
+    pub operator: String,
+    /// The values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// A node selector term: expressions on labels and fields, ANDed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Term {
+    /// Requirements on the node's labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<Requirement>,
+    /// Requirements on the node's fields (`metadata.name`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_fields: Vec<Requirement>,
+}
+
+/// A preferred term and its weight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preferred {
+    /// 1..100 in the API.
+    pub weight: i64,
+    /// The term.
+    pub preference: Term,
+}
+
+/// Who owns the pod (its first `ownerReferences` entry, the controller's when one is marked):
+/// what an operator reschedules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// `ReplicaSet`, `StatefulSet`, `DaemonSet`, `Job`, ...
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// What a pod asks of its node: the parts of a Pod this module reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodPlacement {
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.ownerReferences`: the controller, else the first.
+    pub owner: Option<Owner>,
+    /// `spec.nodeSelector`.
+    pub node_selector: Labels,
+    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
+    /// .nodeSelectorTerms`; `None` when the pod has no required node affinity.
+    pub required: Option<Vec<Term>>,
+    /// `spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution`.
+    pub preferred: Vec<Preferred>,
+}
+
+/// A node's name and labels: the parts of a Node this module reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLabels {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.labels`.
+    pub labels: Labels,
+}
+
+/// Why a Pod or Node JSON could not be read; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AffinityError {
+    /// Not JSON at all.
+    #[error("not JSON: {0}")]
+    Json(String),
+    /// A field of the wrong type or value.
+    #[error("`{field}` {why}")]
+    Field {
+        /// The field's path (`spec.affinity.nodeAffinity...`).
+        field: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+fn bad(field: &str, why: impl Into<String>) -> AffinityError {
+    AffinityError::Field {
+        field: field.to_string(),
+        why: why.into(),
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The object at `key` of `parent`; `None` when absent or null.
+fn object<'a>(
+    parent: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a Map<String, Value>>, AffinityError> {
+    match parent.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(v) => Err(bad(path, format!("is {}, not an object", kind_of(v)))),
+    }
+}
+
+fn array<'a>(
+    parent: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a Vec<Value>>, AffinityError> {
+    match parent.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => Ok(Some(a)),
+        Some(v) => Err(bad(path, format!("is {}, not an array", kind_of(v)))),
+    }
+}
+
+fn string(
+    parent: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<String>, AffinityError> {
+    match parent.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(bad(path, format!("is {}, not a string", kind_of(v)))),
+    }
+}
+
+fn string_map(parent: &Map<String, Value>, key: &str, path: &str) -> Result<Labels, AffinityError> {
+    let Some(m) = object(parent, key, path)? else {
+        return Ok(Labels::new());
+    };
+    m.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            v => Err(bad(
+                &format!("{path}.{k}"),
+                format!("is {}, not a string", kind_of(v)),
+            )),
+        })
+        .collect()
+}
+
+fn root<'a>(v: &'a Value, kind: &str) -> Result<&'a Map<String, Value>, AffinityError> {
+    let Value::Object(m) = v else {
+        return Err(bad(
+            "(document)",
+            format!("is {}, not a {kind} object", kind_of(v)),
+        ));
+    };
+    match string(m, "kind", "kind")? {
+        Some(k) if k != kind => Err(bad("kind", format!("is {k:?}, not {kind:?}"))),
+        _ => Ok(m),
+    }
+}
+
+fn parse_json(text: &[u8]) -> Result<Value, AffinityError> {
+    serde_json::from_slice(text).map_err(|e| AffinityError::Json(e.to_string()))
+}
+
+fn requirements(
+    parent: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Vec<Requirement>, AffinityError> {
+    let Some(items) = array(parent, key, path)? else {
+        return Ok(Vec::new());
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let p = format!("{path}[{i}]");
+            let Value::Object(m) = item else {
+                return Err(bad(&p, format!("is {}, not an object", kind_of(item))));
+            };
+            let values = match array(m, "values", &format!("{p}.values"))? {
+                None => Vec::new(),
+                Some(vs) => vs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, v)| match v {
+                        Value::String(s) => Ok(s.clone()),
+                        v => Err(bad(
+                            &format!("{p}.values[{j}]"),
+                            format!("is {}, not a string", kind_of(v)),
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            Ok(Requirement {
+                key: string(m, "key", &format!("{p}.key"))?.unwrap_or_default(),
+                operator: string(m, "operator", &format!("{p}.operator"))?.unwrap_or_default(),
+                values,
+            })
+        })
+        .collect()
+}
+
+fn term(v: &Value, path: &str) -> Result<Term, AffinityError> {
+    let m = match v {
+        Value::Null => return Ok(Term::default()),
+        Value::Object(m) => m,
+        v => return Err(bad(path, format!("is {}, not an object", kind_of(v)))),
+    };
+    Ok(Term {
+        match_expressions: requirements(
+            m,
+            "matchExpressions",
+            &format!("{path}.matchExpressions"),
+        )?,
+        match_fields: requirements(m, "matchFields", &format!("{path}.matchFields"))?,
+    })
+}
+
+impl PodPlacement {
+    /// Reads a Pod as the API server serves it (`GET /api/v1/namespaces/{ns}/pods/{name}`);
+    /// fields it does not use are ignored.
+    pub fn from_json(text: &[u8]) -> Result<Self, AffinityError> {
+        Self::from_value(&parse_json(text)?)
+    }
+
+    /// [`PodPlacement::from_json`] on parsed JSON.
+    pub fn from_value(v: &Value) -> Result<Self, AffinityError> {
+        let pod = root(v, "Pod")?;
+        let mut placement = PodPlacement::default();
+        if let Some(meta) = object(pod, "metadata", "metadata")? {
+            placement.namespace = string(meta, "namespace", "metadata.namespace")?;
+            placement.name = string(meta, "name", "metadata.name")?;
+            let owners = array(meta, "ownerReferences", "metadata.ownerReferences")?;
+            let mut found: Vec<(bool, Owner)> = Vec::new();
+            for (i, o) in owners.into_iter().flatten().enumerate() {
+                let p = format!("metadata.ownerReferences[{i}]");
+                let Value::Object(o) = o else {
+                    return Err(bad(&p, format!("is {}, not an object", kind_of(o))));
+                };
+                let controller = match o.get("controller") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return Err(bad(
+                            &format!("{p}.controller"),
+                            format!("is {}, not a boolean", kind_of(v)),
+                        ))
+                    }
+                };
+                found.push((
+                    controller,
+                    Owner {
+                        kind: string(o, "kind", &format!("{p}.kind"))?.unwrap_or_default(),
+                        name: string(o, "name", &format!("{p}.name"))?.unwrap_or_default(),
+                    },
+                ));
+            }
+            let controller = found.iter().position(|(c, _)| *c).unwrap_or(0);
+            placement.owner = (controller < found.len()).then(|| found.swap_remove(controller).1);
+        }
+        let Some(spec) = object(pod, "spec", "spec")? else {
+            return Ok(placement);
+        };
+        placement.node_selector = string_map(spec, "nodeSelector", "spec.nodeSelector")?;
+        let na_path = "spec.affinity.nodeAffinity";
+        let Some(na) = object(spec, "affinity", "spec.affinity")?
+            .map(|a| object(a, "nodeAffinity", na_path))
+            .transpose()?
+            .flatten()
+        else {
+            return Ok(placement);
+        };
+        let req_path = format!("{na_path}.requiredDuringSchedulingIgnoredDuringExecution");
+        if let Some(req) = object(
+            na,
+            "requiredDuringSchedulingIgnoredDuringExecution",
+            &req_path,
+        )? {
+            let terms_path = format!("{req_path}.nodeSelectorTerms");
+            let terms = array(req, "nodeSelectorTerms", &terms_path)?;
+            placement.required = Some(
+                terms
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(i, t)| term(t, &format!("{terms_path}[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        let pref_path = format!("{na_path}.preferredDuringSchedulingIgnoredDuringExecution");
+        for (i, p) in array(
+            na,
+            "preferredDuringSchedulingIgnoredDuringExecution",
+            &pref_path,
+        )?
+        .into_iter()
+        .flatten()
+        .enumerate()
+        {
+            let path = format!("{pref_path}[{i}]");
+            let Value::Object(m) = p else {
+                return Err(bad(&path, format!("is {}, not an object", kind_of(p))));
+            };
+            let weight = match m.get("weight") {
+                None | Some(Value::Null) => 0,
+                Some(Value::Number(n)) => n.as_i64().ok_or_else(|| {
+                    bad(&format!("{path}.weight"), format!("is {n}, not an integer"))
+                })?,
+                Some(v) => {
+                    return Err(bad(
+                        &format!("{path}.weight"),
+                        format!("is {}, not a number", kind_of(v)),
+                    ))
+                }
+            };
+            placement.preferred.push(Preferred {
+                weight,
+                preference: term(
+                    m.get("preference").unwrap_or(&Value::Null),
+                    &format!("{path}.preference"),
+                )?,
+            });
+        }
+        Ok(placement)
+    }
+
+    /// Whether the pod asks anything of its node's labels or name.
+    pub fn constrains(&self) -> bool {
+        !self.node_selector.is_empty() || self.required.is_some() || !self.preferred.is_empty()
+    }
+
+    /// The Pod-shaped JSON of what this module reads (what the wrapper keeps in the pod's
+    /// state directory, read back with [`PodPlacement::from_value`]).
+    pub fn to_value(&self) -> Value {
+        let mut meta = Map::new();
+        if let Some(n) = &self.namespace {
+            meta.insert("namespace".into(), json!(n));
+        }
+        if let Some(n) = &self.name {
+            meta.insert("name".into(), json!(n));
+        }
+        if let Some(o) = &self.owner {
+            meta.insert(
+                "ownerReferences".into(),
+                json!([{"kind": o.kind, "name": o.name, "controller": true}]),
+            );
+        }
+        let mut na = Map::new();
+        if let Some(terms) = &self.required {
+            na.insert(
+                "requiredDuringSchedulingIgnoredDuringExecution".into(),
+                json!({ "nodeSelectorTerms": terms }),
+            );
+        }
+        if !self.preferred.is_empty() {
+            na.insert(
+                "preferredDuringSchedulingIgnoredDuringExecution".into(),
+                json!(self.preferred),
+            );
+        }
+        let mut spec = Map::new();
+        if !self.node_selector.is_empty() {
+            spec.insert("nodeSelector".into(), json!(self.node_selector));
+        }
+        if !na.is_empty() {
+            spec.insert("affinity".into(), json!({ "nodeAffinity": na }));
+        }
+        json!({"kind": "Pod", "metadata": meta, "spec": spec})
+    }
+
+    /// `namespace/name (owned by Kind name)`, for messages.
+    pub fn who(&self) -> String {
+        let pod = format!(
+            "pod {}/{}",
+            self.namespace.as_deref().unwrap_or("-"),
+            self.name.as_deref().unwrap_or("-")
+        );
+        match &self.owner {
+            Some(o) => format!("{pod} (owned by {} {})", o.kind, o.name),
+            None => format!("{pod} (no owner: a bare pod)"),
+        }
+    }
+
+    /// What an operator does about a pod that no longer fits its node.
+    fn remedy(&self) -> String {
+        match &self.owner {
+            Some(o) if o.kind == "DaemonSet" => format!(
+                "relabel the node, or change DaemonSet {}'s affinity: its pods stay on their nodes",
+                o.name
+            ),
+            Some(o) => format!(
+                "relabel the node, or delete the pod so that {} {} recreates it where the \
+                 scheduler finds a matching node",
+                o.kind, o.name
+            ),
+            None => "relabel the node, or delete and recreate the pod so the scheduler places \
+                     it again"
+                .to_string(),
+        }
+    }
+}
+
+impl NodeLabels {
+    /// Reads a Node as the API server serves it (`GET /api/v1/nodes/{name}`); fields it does
+    /// not use are ignored.
+    pub fn from_json(text: &[u8]) -> Result<Self, AffinityError> {
+        Self::from_value(&parse_json(text)?)
+    }
+
+    /// [`NodeLabels::from_json`] on parsed JSON.
+    pub fn from_value(v: &Value) -> Result<Self, AffinityError> {
+        let node = root(v, "Node")?;
+        let Some(meta) = object(node, "metadata", "metadata")? else {
+            return Err(bad("metadata", "is missing"));
+        };
+        let name = string(meta, "name", "metadata.name")?
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("metadata.name", "is missing"))?;
+        Ok(Self {
+            name,
+            labels: string_map(meta, "labels", "metadata.labels")?,
+        })
+    }
+
+    /// The Node-shaped JSON of what this module reads (the label baseline as the wrapper keeps
+    /// it).
+    pub fn to_value(&self) -> Value {
+        json!({"kind": "Node", "metadata": {"name": self.name, "labels": self.labels}})
+    }
+}
+
+/// A requirement's operator, once it parsed as upstream parses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Gt(i64),
+    Lt(i64),
+}
+
+impl Requirement {
+    /// The operator, when the requirement is one upstream's `labels.NewRequirement` accepts:
+    /// `In`/`NotIn` with at least one value, `Exists`/`DoesNotExist` with none, `Gt`/`Lt`
+    /// with exactly one integer.
+    fn op(&self) -> Option<Op> {
+        let n = self.values.len();
+        let int = || (n == 1).then(|| parse_int(&self.values[0])).flatten();
+        match self.operator.as_str() {
+            "In" if n > 0 => Some(Op::In),
+            "NotIn" if n > 0 => Some(Op::NotIn),
+            "Exists" if n == 0 => Some(Op::Exists),
+            "DoesNotExist" if n == 0 => Some(Op::DoesNotExist),
+            "Gt" => int().map(Op::Gt),
+            "Lt" => int().map(Op::Lt),
+            _ => None,
+        }
+    }
+
+    /// Whether the labels satisfy this requirement (upstream's `labels.Requirement.Matches`);
+    /// `None` when the requirement does not parse.
+    fn matches(&self, labels: &Labels) -> Option<bool> {
+        let value = labels.get(&self.key);
+        let has = |v: &String| self.values.iter().any(|x| x == v);
+        Some(match self.op()? {
+            Op::In => value.is_some_and(has),
+            Op::NotIn => !value.is_some_and(has),
+            Op::Exists => value.is_some(),
+            Op::DoesNotExist => value.is_none(),
+            Op::Gt(r) => value.and_then(|v| parse_int(v)).is_some_and(|v| v > r),
+            Op::Lt(r) => value.and_then(|v| parse_int(v)).is_some_and(|v| v < r),
+        })
+    }
+
+    /// Whether the node's fields satisfy this `matchFields` requirement: `In` or `NotIn` with
+    /// exactly one value; `None` for anything else (upstream refuses it). Fields other than
+    /// `metadata.name` read as empty, as upstream's `fields.Set` does.
+    fn matches_field(&self, node_name: &str) -> Option<bool> {
+        let [value] = self.values.as_slice() else {
+            return None;
+        };
+        let field = if self.key == "metadata.name" {
+            node_name
+        } else {
+            ""
+        };
+        match self.operator.as_str() {
+            "In" => Some(field == value),
+            "NotIn" => Some(field != value),
+            _ => None,
+        }
+    }
+}
+
+/// Go's `strconv.ParseInt(s, 10, 64)`: an optional sign and decimal digits.
+fn parse_int(s: &str) -> Option<i64> {
+    s.parse::<i64>().ok()
+}
+
+impl Term {
+    /// A term with neither expressions nor fields: matches nothing.
+    pub fn is_empty(&self) -> bool {
+        self.match_expressions.is_empty() && self.match_fields.is_empty()
+    }
+
+    /// Whether the node satisfies every requirement of the term. An empty term, or one with a
+    /// requirement upstream would not parse, matches nothing.
+    pub fn matches(&self, node: &NodeLabels) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let mut all = true;
+        for r in &self.match_expressions {
+            match r.matches(&node.labels) {
+                None => return false,
+                Some(m) => all &= m,
+            }
+        }
+        for r in &self.match_fields {
+            match r.matches_field(&node.name) {
+                None => return false,
+                // Upstream checks fields only for a node with a name.
+                Some(m) => all &= m || node.name.is_empty(),
+            }
+        }
+        all
+    }
+
+    /// The label keys the term names.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        self.match_expressions.iter().map(|r| r.key.as_str())
+    }
+
+    /// The first requirement the node fails, in words.
+    fn first_failure(&self, node: &NodeLabels) -> String {
+        if self.is_empty() {
+            return "the term is empty and matches no node".into();
+        }
+        for r in &self.match_expressions {
+            match r.matches(&node.labels) {
+                None => return format!("{} is not a valid requirement", describe(r)),
+                Some(false) => {
+                    return format!(
+                        "{} fails: the node has {}",
+                        describe(r),
+                        node.labels
+                            .get(&r.key)
+                            .map_or_else(|| "no such label".into(), |v| format!("{v:?}"))
+                    )
+                }
+                Some(true) => {}
+            }
+        }
+        for r in &self.match_fields {
+            match r.matches_field(&node.name) {
+                None => return format!("field {} is not a valid requirement", describe(r)),
+                Some(false) => {
+                    return format!("field {} fails: the node is {:?}", describe(r), node.name)
+                }
+                Some(true) => {}
+            }
+        }
+        "it matches".into()
+    }
+}
+
+fn describe(r: &Requirement) -> String {
+    if r.values.is_empty() {
+        format!("{} {}", r.key, r.operator)
+    } else {
+        format!("{} {} {:?}", r.key, r.operator, r.values)
+    }
+}
+
+/// Whether the nodeSelector's pairs all hold (an empty one always does).
+fn selector_matches(selector: &Labels, node: &NodeLabels) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| node.labels.get(k).is_some_and(|x| x == v))
+}
+
+/// Whether the pod's required placement holds on the node: its nodeSelector and, when it has
+/// one, any of its required terms (upstream's `RequiredNodeAffinity.Match`).
+pub fn required_matches(pod: &PodPlacement, node: &NodeLabels) -> bool {
+    selector_matches(&pod.node_selector, node)
+        && pod
+            .required
+            .as_ref()
+            .is_none_or(|terms| terms.iter().any(|t| t.matches(node)))
+}
+
+/// The named labels' values on `node`: a string, or `null` when absent.
+fn values_of<'a>(keys: impl IntoIterator<Item = &'a str>, node: &NodeLabels) -> Value {
+    let map: Map<String, Value> = keys
+        .into_iter()
+        .map(|k| {
+            (
+                k.to_string(),
+                node.labels.get(k).map_or(Value::Null, |v| json!(v)),
+            )
+        })
+        .collect();
+    Value::Object(map)
+}
+
+/// The keys among `keys` whose value (or presence) differs between `then` and `now`.
+fn changed<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
+    then: &NodeLabels,
+    now: &NodeLabels,
+) -> Vec<&'a str> {
+    let mut out: Vec<&str> = keys
+        .into_iter()
+        .filter(|k| then.labels.get(*k) != now.labels.get(*k))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The findings a pod's node affinity gives on `node`, against the label `baseline` recorded
+/// at the pod's first create (`None`: no baseline, only `node-affinity-violated` can be said).
+/// Severities come from the severity table under `policy`.
+pub fn check(
+    pod: &PodPlacement,
+    node: &NodeLabels,
+    baseline: Option<&NodeLabels>,
+    policy: Policy,
+    fail_closed: bool,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let add =
+        |out: &mut Vec<Finding>, rule: Rule, message: String, expected: Value, observed: Value| {
+            if let Some(severity) = severity(rule, policy, fail_closed) {
+                out.push(Finding {
+                    rule,
+                    severity,
+                    message,
+                    expected,
+                    observed,
+                });
+            }
+        };
+    let who = pod.who();
+    // The nodeSelector and the required terms: violated, or changed but holding.
+    let selector_ok = selector_matches(&pod.node_selector, node);
+    if !selector_ok {
+        let failing: Vec<String> = pod
+            .node_selector
+            .iter()
+            .filter(|(k, v)| node.labels.get(*k) != Some(v))
+            .map(|(k, v)| {
+                format!(
+                    "{k}={v:?} (the node has {})",
+                    node.labels
+                        .get(k)
+                        .map_or_else(|| "no such label".into(), |x| format!("{x:?}"))
+                )
+            })
+            .collect();
+        add(
+            &mut out,
+            Rule::NodeAffinityViolated,
+            format!(
+                "{who} no longer fits node {}: its nodeSelector needs {}; {}",
+                node.name,
+                failing.join(", "),
+                pod.remedy()
+            ),
+            json!({ "nodeSelector": pod.node_selector }),
+            json!({"node": node.name, "labels": values_of(pod.node_selector.keys().map(String::as_str), node)}),
+        );
+    }
+    let mut still_holding: Vec<&str> = if selector_ok {
+        pod.node_selector.keys().map(String::as_str).collect()
+    } else {
+        Vec::new()
+    };
+    if let Some(terms) = &pod.required {
+        let keys: Vec<&str> = terms.iter().flat_map(Term::keys).collect();
+        let expected = json!({ "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": terms } });
+        if terms.iter().any(|t| t.matches(node)) {
+            still_holding.extend(keys);
+        } else {
+            let why: Vec<String> = if terms.is_empty() {
+                vec!["the pod has no term, which matches no node".into()]
+            } else {
+                terms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| format!("term {i}: {}", t.first_failure(node)))
+                    .collect()
+            };
+            add(
+                &mut out,
+                Rule::NodeAffinityViolated,
+                format!(
+                    "{who} no longer fits node {}: no term of its required node affinity \
+                     matches ({}); {}",
+                    node.name,
+                    why.join("; "),
+                    pod.remedy()
+                ),
+                expected,
+                json!({"node": node.name, "labels": values_of(keys, node)}),
+            );
+        }
+    }
+    let Some(then) = baseline else {
+        return out;
+    };
+    let moved = changed(still_holding, then, node);
+    if !moved.is_empty() {
+        let mut expected = Map::new();
+        if !pod.node_selector.is_empty() {
+            expected.insert("nodeSelector".into(), json!(pod.node_selector));
+        }
+        if let Some(terms) = &pod.required {
+            expected.insert(
+                "requiredDuringSchedulingIgnoredDuringExecution".into(),
+                json!({ "nodeSelectorTerms": terms }),
+            );
+        }
+        expected.insert("labels".into(), values_of(moved.iter().copied(), then));
+        add(
+            &mut out,
+            Rule::NodeLabelsChanged,
+            format!(
+                "labels of node {} that {who} requires changed since its first create ({}), \
+                 and its requirement still holds; the next change may not keep it",
+                node.name,
+                moved
+                    .iter()
+                    .map(|k| format!("{k}: {} -> {}", label_text(then, k), label_text(node, k)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Value::Object(expected),
+            json!({"node": node.name, "labels": values_of(moved.iter().copied(), node)}),
+        );
+    }
+    for (i, p) in pod.preferred.iter().enumerate() {
+        let keys: Vec<&str> = p.preference.keys().collect();
+        let (was, is) = (p.preference.matches(then), p.preference.matches(node));
+        let moved = changed(keys.iter().copied(), then, node);
+        let message = match (was, is) {
+            (true, false) => format!(
+                "preferred term {i} (weight {}) of {who} matched node {} at the pod's first \
+                 create and no longer does ({}); the scheduler would now rank the node lower",
+                p.weight,
+                node.name,
+                p.preference.first_failure(node)
+            ),
+            (_, true) if !moved.is_empty() => format!(
+                "labels of node {} that preferred term {i} (weight {}) of {who} names changed \
+                 since its first create ({}), and the term still matches",
+                node.name,
+                p.weight,
+                moved.join(", ")
+            ),
+            _ => continue,
+        };
+        add(
+            &mut out,
+            Rule::NodeLabelsChanged,
+            message,
+            json!({
+                "preferredDuringSchedulingIgnoredDuringExecution": [p],
+                "labels": values_of(keys.iter().copied(), then),
+            }),
+            json!({"node": node.name, "labels": values_of(keys.iter().copied(), node)}),
+        );
+    }
+    out
+}
+
+fn label_text(node: &NodeLabels, key: &str) -> String {
+    node.labels
+        .get(key)
+        .map_or_else(|| "absent".into(), |v| format!("{v:?}"))
+}
+
+/// The `node-labels-unavailable` finding: the node's labels or the pod could not be read
+/// (`reason` says why), so its affinity went unchecked for this request.
+pub fn unavailable(reason: &str, policy: Policy, fail_closed: bool) -> Option<Finding> {
+    let rule = Rule::NodeLabelsUnavailable;
+    severity(rule, policy, fail_closed).map(|severity| Finding {
+        rule,
+        severity,
+        message: format!(
+            "the pod's node affinity was not checked: {reason}; the request went on unchecked"
+        ),
+        expected: json!({"node_labels": "read from the API server"}),
+        observed: json!({"error": reason}),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,512 @@
+use super::*;
+use proptest::prelude::*;
+
+fn node(name: &str, labels: &[(&str, &str)]) -> NodeLabels {
+    NodeLabels {
+        name: name.into(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn req(key: &str, op: &str, values: &[&str]) -> Requirement {
+    Requirement {
+        key: key.into(),
+        operator: op.into(),
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
+}
+
+fn term(exprs: Vec<Requirement>) -> Term {
+    Term {
+        match_expressions: exprs,
+        match_fields: Vec::new(),
+    }
+}
+
+fn required(terms: Vec<Term>) -> PodPlacement {
+    PodPlacement {
+        namespace: Some("ns".into()),
+        name: Some("p".into()),
+        owner: Some(Owner {
+            kind: "ReplicaSet".into(),
+            name: "web-5d8f".into(),
+        }),
+        required: Some(terms),
+        ..PodPlacement::default()
+    }
+}
+
+fn rules(findings: &[Finding]) -> Vec<&'static str> {
+    findings.iter().map(|f| f.rule.id()).collect()
+}
+
+#[test]
+fn every_operator_as_upstream_evaluates_it() {
+    let n = node("n1", &[("zone", "a"), ("cores", "16"), ("gen", "v2")]);
+    let cases = [
+        (req("zone", "In", &["a", "b"]), true),
+        (req("zone", "In", &["b"]), false),
+        (req("missing", "In", &["a"]), false),
+        (req("zone", "NotIn", &["b"]), true),
+        (req("zone", "NotIn", &["a"]), false),
+        // NotIn and DoesNotExist hold for an absent label.
+        (req("missing", "NotIn", &["a"]), true),
+        (req("zone", "Exists", &[]), true),
+        (req("missing", "Exists", &[]), false),
+        (req("missing", "DoesNotExist", &[]), true),
+        (req("zone", "DoesNotExist", &[]), false),
+        (req("cores", "Gt", &["8"]), true),
+        (req("cores", "Gt", &["16"]), false),
+        (req("cores", "Lt", &["17"]), true),
+        (req("cores", "Lt", &["-3"]), false),
+        (req("cores", "Gt", &["+15"]), true),
+        // Gt/Lt on a label that is not an integer, or absent: no match.
+        (req("gen", "Gt", &["1"]), false),
+        (req("gen", "Lt", &["1"]), false),
+        (req("missing", "Gt", &["1"]), false),
+        (req("missing", "Lt", &["1"]), false),
+    ];
+    for (r, want) in cases {
+        assert_eq!(term(vec![r.clone()]).matches(&n), want, "{r:?}");
+    }
+}
+
+#[test]
+fn requirements_upstream_refuses_match_nothing() {
+    let n = node("n1", &[("zone", "a"), ("cores", "16")]);
+    for r in [
+        // Gt/Lt with a non-integer value, none, or two.
+        req("cores", "Gt", &["1.5"]),
+        req("cores", "Lt", &["many"]),
+        req("cores", "Gt", &[]),
+        req("cores", "Gt", &["1", "2"]),
+        req("cores", "Lt", &["0x20"]),
+        // In/NotIn without values; Exists/DoesNotExist with some.
+        req("zone", "In", &[]),
+        req("missing", "NotIn", &[]),
+        req("zone", "Exists", &["a"]),
+        req("missing", "DoesNotExist", &["a"]),
+        // An unknown operator (operators are case-sensitive).
+        req("zone", "in", &["a"]),
+        req("zone", "Equals", &["a"]),
+    ] {
+        // Even beside a requirement that holds.
+        let t = term(vec![req("zone", "Exists", &[]), r.clone()]);
+        assert!(!t.matches(&n), "{r:?}");
+    }
+}
+
+#[test]
+fn terms_are_ored_and_expressions_anded() {
+    let n = node("n1", &[("zone", "a"), ("disk", "ssd")]);
+    let zone_a = req("zone", "In", &["a"]);
+    let zone_b = req("zone", "In", &["b"]);
+    let ssd = req("disk", "In", &["ssd"]);
+    // ANDed within a term.
+    assert!(term(vec![zone_a.clone(), ssd.clone()]).matches(&n));
+    assert!(!term(vec![zone_b.clone(), ssd.clone()]).matches(&n));
+    // ORed across terms.
+    let pod = required(vec![term(vec![zone_b.clone()]), term(vec![ssd])]);
+    assert!(required_matches(&pod, &n));
+    let pod = required(vec![term(vec![zone_b.clone()])]);
+    assert!(!required_matches(&pod, &n));
+}
+
+#[test]
+fn empty_terms_and_empty_lists_match_nothing() {
+    let n = node("n1", &[("zone", "a")]);
+    // No term at all: nothing matches.
+    assert!(!required_matches(&required(vec![]), &n));
+    // A term with neither expressions nor fields matches nothing, even beside nothing else.
+    assert!(!required_matches(&required(vec![Term::default()]), &n));
+    // ... but another term still can.
+    let pod = required(vec![
+        Term::default(),
+        term(vec![req("zone", "Exists", &[])]),
+    ]);
+    assert!(required_matches(&pod, &n));
+    // No required affinity at all: anything goes.
+    assert!(required_matches(&PodPlacement::default(), &n));
+}
+
+#[test]
+fn match_fields_name_the_node() {
+    let n = node("worker-1", &[]);
+    let by_name = |op: &str, values: &[&str]| Term {
+        match_expressions: Vec::new(),
+        match_fields: vec![req("metadata.name", op, values)],
+    };
+    assert!(by_name("In", &["worker-1"]).matches(&n));
+    assert!(!by_name("In", &["worker-2"]).matches(&n));
+    assert!(by_name("NotIn", &["worker-2"]).matches(&n));
+    assert!(!by_name("NotIn", &["worker-1"]).matches(&n));
+    // Exactly one value, In or NotIn only.
+    assert!(!by_name("In", &["worker-1", "worker-2"]).matches(&n));
+    assert!(!by_name("Exists", &[]).matches(&n));
+    // Fields and labels together are ANDed.
+    let both = Term {
+        match_expressions: vec![req("zone", "Exists", &[])],
+        match_fields: vec![req("metadata.name", "In", &["worker-1"])],
+    };
+    assert!(!both.matches(&n));
+    assert!(both.matches(&node("worker-1", &[("zone", "a")])));
+}
+
+#[test]
+fn node_selector_needs_every_pair() {
+    let pod = PodPlacement {
+        node_selector: [("zone".to_string(), "a".to_string())].into(),
+        ..PodPlacement::default()
+    };
+    assert!(required_matches(
+        &pod,
+        &node("n", &[("zone", "a"), ("x", "y")])
+    ));
+    assert!(!required_matches(&pod, &node("n", &[("zone", "b")])));
+    assert!(!required_matches(&pod, &node("n", &[])));
+    // With required terms too, both must hold.
+    let pod = PodPlacement {
+        required: Some(vec![term(vec![req("x", "Exists", &[])])]),
+        ..pod
+    };
+    assert!(!required_matches(&pod, &node("n", &[("zone", "a")])));
+    assert!(required_matches(
+        &pod,
+        &node("n", &[("zone", "a"), ("x", "")])
+    ));
+}
+
+const POD: &str = r#"{
+  "apiVersion": "v1", "kind": "Pod",
+  "metadata": {"name": "web-5d8f-x2", "namespace": "shop", "uid": "u-1",
+    "labels": {"app": "web"},
+    "ownerReferences": [
+      {"apiVersion": "v1", "kind": "Other", "name": "o", "uid": "1"},
+      {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f", "uid": "2",
+       "controller": true, "blockOwnerDeletion": true}]},
+  "spec": {
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "affinity": {"nodeAffinity": {
+      "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kata-topo.io/nic", "operator": "In", "values": ["mlx5"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["spare"]}]}]},
+      "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]},
+      "podAntiAffinity": {}},
+    "containers": [{"name": "app", "image": "x"}]},
+  "status": {"phase": "Running"}
+}"#;
+
+const NODE: &str = r#"{
+  "kind": "Node", "apiVersion": "v1",
+  "metadata": {"name": "worker-1", "labels": {"kubernetes.io/os": "linux",
+    "kata-topo.io/nic": "mlx5", "zone": "a"}, "annotations": {"x": "y"}},
+  "status": {"capacity": {"cpu": "2"}}
+}"#;
+
+#[test]
+fn reads_a_pod_and_a_node_as_the_api_server_serves_them() {
+    let pod = PodPlacement::from_json(POD.as_bytes()).expect("pod");
+    assert_eq!(pod.namespace.as_deref(), Some("shop"));
+    assert_eq!(pod.name.as_deref(), Some("web-5d8f-x2"));
+    // The controller, not the first reference.
+    assert_eq!(
+        pod.owner,
+        Some(Owner {
+            kind: "ReplicaSet".into(),
+            name: "web-5d8f".into()
+        })
+    );
+    assert_eq!(
+        pod.node_selector
+            .get("kubernetes.io/os")
+            .map(String::as_str),
+        Some("linux")
+    );
+    let terms = pod.required.as_ref().expect("required");
+    assert_eq!(terms.len(), 2);
+    assert_eq!(terms[1].match_fields[0].key, "metadata.name");
+    assert_eq!(pod.preferred[0].weight, 10);
+    let n = NodeLabels::from_json(NODE.as_bytes()).expect("node");
+    assert_eq!(n.name, "worker-1");
+    assert_eq!(n.labels.len(), 3);
+    assert!(required_matches(&pod, &n));
+    // What the wrapper keeps reads back the same.
+    assert_eq!(PodPlacement::from_value(&pod.to_value()), Ok(pod));
+    assert_eq!(NodeLabels::from_value(&n.to_value()), Ok(n));
+}
+
+#[test]
+fn wrong_types_are_errors_naming_the_field() {
+    let cases = [
+        (r#"{"kind":"Pod","spec":{"nodeSelector":{"a":1}}}"#, "spec.nodeSelector.a"),
+        (r#"{"kind":"Pod","spec":{"nodeSelector":[]}}"#, "spec.nodeSelector"),
+        (
+            r#"{"kind":"Pod","spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"a","operator":"In","values":[1]}]}]}}}}}"#,
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values[0]",
+        ),
+        (
+            r#"{"kind":"Pod","spec":{"affinity":{"nodeAffinity":{"preferredDuringSchedulingIgnoredDuringExecution":[{"weight":"high"}]}}}}"#,
+            "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+        ),
+        (r#"{"kind":"Pod","metadata":{"ownerReferences":{}}}"#, "metadata.ownerReferences"),
+        (r#"{"kind":"Node","metadata":{"name":"n"}}"#, "kind"),
+        (r#"[]"#, "(document)"),
+    ];
+    for (text, field) in cases {
+        match PodPlacement::from_json(text.as_bytes()) {
+            Err(AffinityError::Field { field: f, .. }) => assert_eq!(f, field, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    for (text, field) in [
+        (
+            r#"{"kind":"Node","metadata":{"name":"n","labels":{"a":true}}}"#,
+            "metadata.labels.a",
+        ),
+        (
+            r#"{"kind":"Node","metadata":{"labels":{}}}"#,
+            "metadata.name",
+        ),
+        (r#"{"kind":"Node"}"#, "metadata"),
+        (r#"{"kind":"Pod","metadata":{"name":"n"}}"#, "kind"),
+    ] {
+        match NodeLabels::from_json(text.as_bytes()) {
+            Err(AffinityError::Field { field: f, .. }) => assert_eq!(f, field, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        NodeLabels::from_json(b"{not json"),
+        Err(AffinityError::Json(_))
+    ));
+}
+
+#[test]
+fn a_relabelled_node_violates_the_required_affinity() {
+    let pod = PodPlacement::from_json(POD.as_bytes()).expect("pod");
+    let then = NodeLabels::from_json(NODE.as_bytes()).expect("node");
+    let mut now = then.clone();
+    now.labels.insert("kata-topo.io/nic".into(), "e810".into());
+    let f = check(&pod, &now, Some(&then), Policy::Restricted, false);
+    // The required terms fail; the nodeSelector and the preferred term still hold.
+    assert_eq!(rules(&f), ["node-affinity-violated"]);
+    assert_eq!(f[0].severity, crate::Severity::Error);
+    assert!(
+        f[0].message.contains("ReplicaSet web-5d8f"),
+        "{}",
+        f[0].message
+    );
+    assert!(
+        f[0].message.contains("shop/web-5d8f-x2"),
+        "{}",
+        f[0].message
+    );
+    assert!(
+        f[0].message.contains("kata-topo.io/nic In"),
+        "{}",
+        f[0].message
+    );
+    assert_eq!(
+        f[0].expected["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"][0]["values"],
+        json!(["mlx5"])
+    );
+    assert_eq!(
+        f[0].observed,
+        json!({"node": "worker-1", "labels": {"kata-topo.io/nic": "e810"}})
+    );
+    // Without a baseline the violation is found all the same.
+    assert_eq!(
+        rules(&check(&pod, &now, None, Policy::None, false)),
+        ["node-affinity-violated"]
+    );
+    // The label removed altogether, and the nodeSelector broken too: two violations.
+    now.labels.remove("kata-topo.io/nic");
+    now.labels
+        .insert("kubernetes.io/os".into(), "windows".into());
+    let f = check(&pod, &now, Some(&then), Policy::BestEffort, false);
+    assert_eq!(
+        rules(&f),
+        ["node-affinity-violated", "node-affinity-violated"]
+    );
+    assert_eq!(
+        f[0].observed["labels"],
+        json!({"kubernetes.io/os": "windows"})
+    );
+    assert_eq!(f[1].observed["labels"], json!({"kata-topo.io/nic": null}));
+}
+
+#[test]
+fn a_change_that_keeps_the_affinity_is_a_warning() {
+    let n = node("n", &[("cores", "16")]);
+    let pod = required(vec![term(vec![req("cores", "Gt", &["8"])])]);
+    let mut now = n.clone();
+    now.labels.insert("cores".into(), "32".into());
+    let f = check(&pod, &now, Some(&n), Policy::SingleNumaNode, false);
+    assert_eq!(rules(&f), ["node-labels-changed"]);
+    assert_eq!(f[0].severity, crate::Severity::Warning);
+    assert_eq!(f[0].expected["labels"], json!({"cores": "16"}));
+    assert_eq!(f[0].observed["labels"], json!({"cores": "32"}));
+    assert!(
+        f[0].message.contains("ReplicaSet web-5d8f"),
+        "{}",
+        f[0].message
+    );
+    // A label no term names changes nothing.
+    let mut other = n.clone();
+    other.labels.insert("unrelated".into(), "x".into());
+    assert!(check(&pod, &other, Some(&n), Policy::Restricted, false).is_empty());
+    // Nothing changed: nothing said.
+    assert!(check(&pod, &n, Some(&n), Policy::Restricted, false).is_empty());
+}
+
+#[test]
+fn a_preferred_term_lost_is_a_warning() {
+    let pod = PodPlacement::from_json(POD.as_bytes()).expect("pod");
+    let then = NodeLabels::from_json(NODE.as_bytes()).expect("node");
+    let mut now = then.clone();
+    now.labels.insert("zone".into(), "b".into());
+    let f = check(&pod, &now, Some(&then), Policy::Restricted, false);
+    assert_eq!(rules(&f), ["node-labels-changed"]);
+    assert!(
+        f[0].message.contains("preferred term 0 (weight 10)"),
+        "{}",
+        f[0].message
+    );
+    assert_eq!(f[0].observed["labels"], json!({"zone": "b"}));
+    // A preferred term that never matched is no news.
+    let mut never = then.clone();
+    never.labels.insert("zone".into(), "c".into());
+    assert!(check(&pod, &now, Some(&never), Policy::Restricted, false).is_empty());
+}
+
+#[test]
+fn a_bare_pod_says_so() {
+    let mut pod = required(vec![term(vec![req("zone", "In", &["a"])])]);
+    pod.owner = None;
+    let f = check(&pod, &node("n", &[]), None, Policy::Restricted, false);
+    assert!(f[0].message.contains("a bare pod"), "{}", f[0].message);
+}
+
+#[test]
+fn unavailable_is_a_warning_naming_why() {
+    let f = unavailable(
+        "the API server did not answer within 500 ms",
+        Policy::Restricted,
+        true,
+    )
+    .expect("reported");
+    assert_eq!(f.rule, Rule::NodeLabelsUnavailable);
+    assert_eq!(f.severity, crate::Severity::Warning);
+    assert!(f.message.contains("within 500 ms"));
+}
+
+fn labels_strategy() -> impl Strategy<Value = Labels> {
+    prop::collection::btree_map(
+        prop::sample::select(vec!["a", "b", "c", "d"]).prop_map(String::from),
+        prop_oneof![
+            prop::sample::select(vec!["x", "y", "1", "-3", "42", "+7", "1.5", ""])
+                .prop_map(String::from),
+            any::<i64>().prop_map(|i| i.to_string()),
+        ],
+        0..4,
+    )
+}
+
+fn requirement_strategy() -> impl Strategy<Value = Requirement> {
+    (
+        prop::sample::select(vec!["a", "b", "c", "d"]),
+        prop::sample::select(vec![
+            "In",
+            "NotIn",
+            "Exists",
+            "DoesNotExist",
+            "Gt",
+            "Lt",
+            "Bad",
+        ]),
+        prop::collection::vec(
+            prop::sample::select(vec!["x", "y", "1", "-3", "42", "1.5", "0"]),
+            0..3,
+        ),
+    )
+        .prop_map(|(k, op, vs)| req(k, op, &vs))
+}
+
+fn term_strategy() -> impl Strategy<Value = Term> {
+    prop::collection::vec(requirement_strategy(), 0..3).prop_map(term)
+}
+
+proptest! {
+    /// In and NotIn are each other's negation when the label is there; both hold nothing of
+    /// an absent label but NotIn's truth.
+    #[test]
+    fn in_and_notin_are_complements(labels in labels_strategy(), key in "[a-d]",
+                                    values in prop::collection::vec("[xy1]", 1..3)) {
+        let vs: Vec<&str> = values.iter().map(String::as_str).collect();
+        let n = NodeLabels { name: "n".into(), labels };
+        let is_in = term(vec![req(&key, "In", &vs)]).matches(&n);
+        let not_in = term(vec![req(&key, "NotIn", &vs)]).matches(&n);
+        if n.labels.contains_key(&key) {
+            prop_assert_ne!(is_in, not_in);
+        } else {
+            prop_assert!(!is_in && not_in);
+        }
+        let exists = term(vec![req(&key, "Exists", &[])]).matches(&n);
+        let absent = term(vec![req(&key, "DoesNotExist", &[])]).matches(&n);
+        prop_assert_ne!(exists, absent);
+        prop_assert_eq!(exists, n.labels.contains_key(&key));
+    }
+
+    /// Gt and Lt compare integers; a label that is not one matches neither.
+    #[test]
+    fn gt_and_lt_compare_integers(value in prop_oneof![any::<i64>().prop_map(|i| i.to_string()),
+                                                         "[a-z0-9.]{0,6}"],
+                                  bound in any::<i64>()) {
+        let n = NodeLabels { name: "n".into(), labels: [("k".to_string(), value.clone())].into() };
+        let b = bound.to_string();
+        let gt = term(vec![req("k", "Gt", &[&b])]).matches(&n);
+        let lt = term(vec![req("k", "Lt", &[&b])]).matches(&n);
+        match value.parse::<i64>() {
+            Ok(v) => { prop_assert_eq!(gt, v > bound); prop_assert_eq!(lt, v < bound); }
+            Err(_) => prop_assert!(!gt && !lt),
+        }
+    }
+
+    /// Terms are ORed: the required affinity holds exactly when one term does, and adding a
+    /// term never breaks a match; expressions are ANDed: a term holds exactly when each of its
+    /// expressions alone does (and it has any).
+    #[test]
+    fn terms_or_and_expressions_and(labels in labels_strategy(),
+                                    terms in prop::collection::vec(term_strategy(), 0..4),
+                                    extra in term_strategy()) {
+        let n = NodeLabels { name: "n".into(), labels };
+        let pod = PodPlacement { required: Some(terms.clone()), ..PodPlacement::default() };
+        let any = terms.iter().any(|t| t.matches(&n));
+        prop_assert_eq!(required_matches(&pod, &n), any);
+        let mut more = terms.clone();
+        more.push(extra);
+        let pod_more = PodPlacement { required: Some(more), ..PodPlacement::default() };
+        prop_assert!(!any || required_matches(&pod_more, &n));
+        for t in &terms {
+            let each = !t.match_expressions.is_empty()
+                && t.match_expressions.iter().all(|r| term(vec![r.clone()]).matches(&n));
+            prop_assert_eq!(t.matches(&n), each);
+        }
+        // The findings agree with the evaluation.
+        let f = check(&pod, &n, Some(&n), Policy::Restricted, false);
+        prop_assert_eq!(f.iter().any(|f| f.rule == Rule::NodeAffinityViolated), !any);
+        prop_assert!(f.iter().all(|f| f.rule != Rule::NodeLabelsChanged));
+    }
+
+    /// Whatever JSON comes, reading it never panics.
+    #[test]
+    fn reading_any_json_never_panics(text in "\\PC{0,200}") {
+        let _ = PodPlacement::from_json(text.as_bytes());
+        let _ = NodeLabels::from_json(text.as_bytes());
+    }
+}
