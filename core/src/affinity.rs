@@ -89,6 +89,8 @@ pub struct PodPlacement {
     pub namespace: Option<String>,
     /// `metadata.name`.
     pub name: Option<String>,
+    /// `metadata.uid`: which pod of that name it is.
+    pub uid: Option<String>,
     /// `metadata.ownerReferences`: the controller, else the first.
     pub owner: Option<Owner>,
     /// `spec.nodeSelector`.
@@ -281,6 +283,7 @@ impl PodPlacement {
         if let Some(meta) = object(pod, "metadata", "metadata")? {
             placement.namespace = string(meta, "namespace", "metadata.namespace")?;
             placement.name = string(meta, "name", "metadata.name")?;
+            placement.uid = string(meta, "uid", "metadata.uid")?;
             let owners = array(meta, "ownerReferences", "metadata.ownerReferences")?;
             let mut found: Vec<(bool, Owner)> = Vec::new();
             for (i, o) in owners.into_iter().flatten().enumerate() {
@@ -390,6 +393,9 @@ impl PodPlacement {
         if let Some(n) = &self.name {
             meta.insert("name".into(), json!(n));
         }
+        if let Some(u) = &self.uid {
+            meta.insert("uid".into(), json!(u));
+        }
         if let Some(o) = &self.owner {
             meta.insert(
                 "ownerReferences".into(),
@@ -459,8 +465,13 @@ impl NodeLabels {
     }
 
     /// [`NodeLabels::from_json`] on parsed JSON.
+    /// `PartialObjectMetadata` (the metadata alone, as the API server serves it when asked
+    /// for `as=PartialObjectMetadata`) reads as well.
     pub fn from_value(v: &Value) -> Result<Self, AffinityError> {
-        let node = root(v, "Node")?;
+        let node = match v.get("kind").and_then(Value::as_str) {
+            Some("PartialObjectMetadata") => root(v, "PartialObjectMetadata")?,
+            _ => root(v, "Node")?,
+        };
         let Some(meta) = object(node, "metadata", "metadata")? else {
             return Err(bad("metadata", "is missing"));
         };

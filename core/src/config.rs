@@ -80,6 +80,27 @@ fn default_kubelet_timeout() -> u64 {
     100
 }
 
+fn default_kubeconfig() -> Option<PathBuf> {
+    Some(PathBuf::from("/etc/kubernetes/kubelet.conf"))
+}
+/// Two GETs over a fresh TLS connection each to an API server on the node's network: a few
+/// milliseconds when it is well, tens when it is busy (its own objective for a single-object
+/// read is one second at the 99th percentile, across all clients). 500 ms bounds what an
+/// update or recreate may wait for it at half a second — containerd and the kubelet wait
+/// minutes for the same call — and leaves a loaded API server a hundred times its usual answer.
+fn default_api_timeout() -> u64 {
+    500
+}
+
+/// `kubeconfig = ""` switches the affinity check off.
+fn kubeconfig_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let p = PathBuf::deserialize(d)?;
+    Ok((!p.as_os_str().is_empty()).then_some(p))
+}
+
+/// The longest `api_timeout_ms` accepted: the API server is read while containerd waits.
+pub const MAX_API_TIMEOUT_MS: u64 = 5000;
+
 /// The longest `kubelet_timeout_ms` accepted: the kubelet is asked while containerd waits.
 pub const MAX_KUBELET_TIMEOUT_MS: u64 = 2000;
 
@@ -142,6 +163,18 @@ pub struct Config {
     /// The longest one question to the kubelet may take, in milliseconds.
     #[serde(default = "default_kubelet_timeout")]
     pub kubelet_timeout_ms: u64,
+    /// The node's credentials for the API server (the kubelet's kubeconfig): the pods' node
+    /// affinity is re-checked against the node's labels when it exists; `""` (`None`) or no
+    /// file switches the check off.
+    #[serde(default = "default_kubeconfig", deserialize_with = "kubeconfig_path")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The node's name in the API server; `None`: the host name, in lower case, as the
+    /// kubelet names its node.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// The longest the API server reads of one request may take, in milliseconds.
+    #[serde(default = "default_api_timeout")]
+    pub api_timeout_ms: u64,
 }
 
 fn default_true() -> bool {
@@ -168,6 +201,9 @@ impl Default for Config {
             kubelet_pod_resources_socket: default_kubelet_socket(),
             kubelet_config: default_kubelet_config(),
             kubelet_timeout_ms: default_kubelet_timeout(),
+            kubeconfig: default_kubeconfig(),
+            node_name: None,
+            api_timeout_ms: default_api_timeout(),
         }
     }
 }
@@ -215,6 +251,7 @@ impl Config {
                 Some(&self.kubelet_pod_resources_socket),
             ),
             ("kubelet_config", Some(&self.kubelet_config)),
+            ("kubeconfig", self.kubeconfig.as_ref()),
         ] {
             if let Some(p) = p {
                 if !p.is_absolute() {
@@ -236,6 +273,28 @@ impl Config {
                     self.kubelet_timeout_ms
                 ),
             ));
+        }
+        if self.api_timeout_ms == 0 || self.api_timeout_ms > MAX_API_TIMEOUT_MS {
+            return Err(invalid(
+                "api_timeout_ms",
+                &format!(
+                    "must be between 1 and {MAX_API_TIMEOUT_MS}, not {}",
+                    self.api_timeout_ms
+                ),
+            ));
+        }
+        if let Some(n) = &self.node_name {
+            let ok = !n.is_empty()
+                && n.len() <= 253
+                && n.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                });
+            if !ok {
+                return Err(invalid(
+                    "node_name",
+                    &format!("must be a Kubernetes node name (lower-case letters, digits, '-' and '.'), not {n:?}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -409,6 +468,9 @@ intent_source = "annotations"
 kubelet_pod_resources_socket = "/run/kubelet/pod-resources.sock"
 kubelet_config = "/etc/kubernetes/kubelet.yaml"
 kubelet_timeout_ms = 40
+kubeconfig = "/etc/kata-topo/node.kubeconfig"
+node_name = "worker-7.example"
+api_timeout_ms = 250
 "#,
         )
         .expect("valid");
@@ -439,6 +501,15 @@ kubelet_timeout_ms = 40
         );
         assert_eq!(c.kubelet_config, Path::new("/etc/kubernetes/kubelet.yaml"));
         assert_eq!(c.kubelet_timeout_ms, 40);
+        assert_eq!(
+            c.kubeconfig.as_deref(),
+            Some(Path::new("/etc/kata-topo/node.kubeconfig"))
+        );
+        assert_eq!(c.node_name.as_deref(), Some("worker-7.example"));
+        assert_eq!(c.api_timeout_ms, 250);
+        // An empty kubeconfig switches the affinity check off.
+        let off = parse("[topology_guard]\nkubeconfig = \"\"\n").expect("valid");
+        assert_eq!(off.kubeconfig, None);
     }
 
     #[test]
@@ -458,6 +529,12 @@ kubelet_timeout_ms = 40
         );
         assert_eq!(c.kubelet_config, Path::new("/var/lib/kubelet/config.yaml"));
         assert!(c.kubelet_timeout_ms > 0 && c.kubelet_timeout_ms <= 100);
+        assert_eq!(
+            c.kubeconfig.as_deref(),
+            Some(Path::new("/etc/kubernetes/kubelet.conf"))
+        );
+        assert_eq!(c.node_name, None);
+        assert_eq!(c.api_timeout_ms, 500);
     }
 
     #[test]
@@ -480,6 +557,12 @@ kubelet_timeout_ms = 40
             ("kubelet_timeout_ms = 60000", "kubelet_timeout_ms"),
             ("kubelet_timeout_ms = -1", "kubelet_timeout_ms"),
             ("kubelet_config = \"config.yaml\"", "kubelet_config"),
+            ("kubeconfig = \"kubelet.conf\"", "kubeconfig"),
+            ("kubeconfig = 1", "kubeconfig"),
+            ("api_timeout_ms = 0", "api_timeout_ms"),
+            ("api_timeout_ms = 60000", "api_timeout_ms"),
+            ("node_name = \"Worker_1\"", "node_name"),
+            ("node_name = \"\"", "node_name"),
             (
                 "kubelet_pod_resources_socket = \"kubelet.sock\"",
                 "kubelet_pod_resources_socket",
