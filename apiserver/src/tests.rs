@@ -169,7 +169,7 @@ fn status_errors_carry_the_api_servers_message() {
 #[test]
 fn a_timeout_covers_both_reads_of_a_request() {
     let server =
-        FakeApiServer::start(|_| Reply::Slow(Duration::from_millis(200), Box::new(Reply::ok(POD))));
+        FakeApiServer::start(|_| Reply::Slow(Duration::from_millis(600), Box::new(Reply::ok(POD))));
     let started = Instant::now();
     let r = client(&server).read("worker-1", Some(("shop", "web")));
     let took = started.elapsed();

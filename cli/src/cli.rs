@@ -29,7 +29,7 @@ enum Command {
     /// Show the host's NUMA nodes and PCI devices with their locality and VFIO group.
     Topology(topology::TopologyArgs),
     /// Check one request (a create, a recreate or an update) and print the verdict.
-    Check(check::CheckArgs),
+    Check(Box<check::CheckArgs>),
     /// The sandboxes the wrappers watch, their baselines and latest findings. Exit 0 clean,
     /// 1 findings, 2 unreadable state (a node-problem-detector custom plugin).
     Status(status::StatusArgs),

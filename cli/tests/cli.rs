@@ -699,7 +699,7 @@ fn endless_and_oversized_inputs_are_refused() {
         "--topology",
         s(&host),
     ]);
-    assert_refused(code, &err, &["only one of --spec, --update and --baseline"]);
+    assert_refused(code, &err, &["only one of --spec, --update, --baseline, --pod-spec, --node-labels and --label-baseline"]);
 }
 
 /// A state directory with one finding, for `status`.
@@ -890,6 +890,7 @@ fn status_tells_dead_wrappers_from_serving_ones() {
         delegate: None,
         config: None,
         config_source: "built-in-defaults".into(),
+        node_affinity: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
     };
     GroupState::open(&state, "k8s.io", "alive")
         .expect("state")
@@ -900,6 +901,11 @@ fn status_tells_dead_wrappers_from_serving_ones() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         text.contains(&format!("wrapper pid {} serving", me.pid)),
+        "{text}"
+    );
+    // Whether the node-affinity check runs, as the wrapper decided it.
+    assert!(
+        text.contains("  node affinity: off: no kubeconfig at /etc/kubernetes/kubelet.conf\n"),
         "{text}"
     );
     // The same pid with another start time: a process that is gone, its pid maybe reused.
@@ -1070,4 +1076,102 @@ fn a_recorded_pod_resources_answer_is_the_intent() {
     assert_eq!(code(&out), 1);
     assert_eq!(stdout_json(&out)["intent_source"], "annotations");
     assert_eq!(code(&kata_topo(&["intent", "--pod", "no-slash"])), 2);
+}
+
+/// `check --node-labels --pod-spec`: a recorded Node and Pod, the pod's node affinity against
+/// the node's labels offline — violated after a relabel (exit 1, the owner in the message),
+/// changed but holding against the label baseline (exit 0, a warning), clean on the node it
+/// was scheduled to; with --spec the findings join the spec's verdict; a Node where a Pod
+/// should be is exit 2 naming the field.
+#[test]
+fn node_affinity_offline_from_a_recorded_node_and_pod() {
+    let dir = repo().join("core/tests/fixtures/affinity");
+    let f = |n: &str| dir.join(n);
+    let run = |node: &str, baseline: Option<&str>, extra: &[&str]| {
+        let (pod, node) = (f("pod.json"), f(node));
+        let mut args = vec!["check", "--pod-spec", s(&pod), "--node-labels", s(&node)];
+        let b;
+        if let Some(name) = baseline {
+            b = f(name);
+            args.extend(["--label-baseline", s(&b)]);
+        }
+        args.extend(extra);
+        args.push("--json");
+        kata_topo(&args)
+    };
+    let rules = |v: &Value| -> Vec<String> {
+        v["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .map(|f| f["rule"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let out = run("node.json", None, &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["operation"], "create");
+    assert_eq!(v["pod"]["name"], "nic-bound-7c9d4-x2lqp");
+    assert!(rules(&v).is_empty(), "{v}");
+
+    let out = run(
+        "node-relabelled.json",
+        Some("node.json"),
+        &["--mode", "enforce"],
+    );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["operation"], "update");
+    assert_eq!(v["decision"], "reject");
+    assert_eq!(rules(&v), ["node-affinity-violated"]);
+    let finding = &v["findings"][0];
+    assert_eq!(finding["severity"], "error");
+    assert_eq!(
+        finding["observed"]["labels"]["kata-topo.io/nic"], "e810",
+        "{finding}"
+    );
+    assert_eq!(
+        finding["expected"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "kata-topo.io/nic"
+    );
+    let message = finding["message"].as_str().expect("message");
+    assert!(message.contains("ReplicaSet nic-bound-7c9d4"), "{message}");
+
+    let out = run("node-more-cores.json", Some("node.json"), &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(rules(&v), ["node-labels-changed"]);
+    assert_eq!(
+        v["findings"][0]["expected"]["labels"]["feature.node.kubernetes.io/cpu-cores"],
+        "2"
+    );
+
+    // With a spec (clean on its own), the affinity findings join its verdict.
+    let (spec, topo, sysfs) = (
+        scenario("trainer.json"),
+        scenario("two-node-host.xml"),
+        scenario("sysfs"),
+    );
+    let with_spec = [
+        "--spec",
+        s(&spec),
+        "--topology",
+        s(&topo),
+        "--sysfs",
+        s(&sysfs),
+    ];
+    let out = run("node-relabelled.json", Some("node.json"), &with_spec);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v = stdout_json(&out);
+    assert_eq!(v["container_name"], "trainer");
+    assert_eq!(rules(&v), ["node-affinity-violated"]);
+
+    // A Node where the Pod should be: exit 2, naming the field.
+    let node = f("node.json");
+    let out = kata_topo(&["check", "--pod-spec", s(&node), "--node-labels", s(&node)]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("kind"), "{}", stderr(&out));
+    // --node-labels without --pod-spec is bad usage.
+    assert_eq!(code(&kata_topo(&["check", "--node-labels", s(&node)])), 2);
 }

@@ -491,6 +491,47 @@ impl NodeLabels {
     }
 }
 
+/// What is kept of a pod at its first create: its node's labels then (the **label
+/// baseline**) and its placement (a bound pod's nodeSelector and node affinity cannot change,
+/// so it is read once). Kept in the pod's state directory as
+/// `{"node": <Node>, "pod": <Pod>}`, each in the API's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelBaseline {
+    /// The node as it was.
+    pub node: NodeLabels,
+    /// The pod's placement.
+    pub pod: PodPlacement,
+}
+
+impl LabelBaseline {
+    /// The JSON kept.
+    pub fn to_value(&self) -> Value {
+        json!({"node": self.node.to_value(), "pod": self.pod.to_value()})
+    }
+
+    /// Reads what [`LabelBaseline::to_value`] wrote.
+    pub fn from_value(v: &Value) -> Result<Self, AffinityError> {
+        let part = |key: &str| v.get(key).ok_or_else(|| bad(key, "is missing"));
+        Ok(Self {
+            node: NodeLabels::from_value(part("node")?)?,
+            pod: PodPlacement::from_value(part("pod")?)?,
+        })
+    }
+}
+
+impl Serialize for LabelBaseline {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_value().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for LabelBaseline {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        Self::from_value(&v).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A requirement's operator, once it parsed as upstream parses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -692,8 +733,11 @@ pub fn check(
     fail_closed: bool,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
-    let add =
-        |out: &mut Vec<Finding>, rule: Rule, message: String, expected: Value, observed: Value| {
+    evaluate(
+        pod,
+        node,
+        baseline,
+        &mut |rule, message, expected, observed| {
             if let Some(severity) = severity(rule, policy, fail_closed) {
                 out.push(Finding {
                     rule,
@@ -703,7 +747,114 @@ pub fn check(
                     observed,
                 });
             }
-        };
+        },
+    );
+    out
+}
+
+/// What the API server said about a pod's node for one request, as a check takes it
+/// ([`crate::check::Request::node`]).
+// One per request that reads the API server, passed by reference: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeView {
+    /// Read: the pod's placement, its node now, and the label baseline (`None` when this read
+    /// is the first, which becomes it).
+    Read {
+        /// The pod's nodeSelector and node affinity.
+        pod: PodPlacement,
+        /// The node now.
+        node: NodeLabels,
+        /// The node at the pod's first create.
+        baseline: Option<NodeLabels>,
+    },
+    /// Not read, and why (`node-labels-unavailable`).
+    Unavailable {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl NodeView {
+    /// Each finding of the view, unweighed: what the rule families weigh and add.
+    pub fn findings(&self, add: &mut dyn FnMut(Rule, String, Value, Value)) {
+        match self {
+            Self::Read {
+                pod,
+                node,
+                baseline,
+            } => evaluate(pod, node, baseline.as_ref(), add),
+            Self::Unavailable { reason } => add(
+                Rule::NodeLabelsUnavailable,
+                format!(
+                    "the pod's node affinity was not checked: {reason}; the request went on \
+                     unchecked for it"
+                ),
+                json!({"node_labels": "read from the API server"}),
+                json!({"error": reason}),
+            ),
+        }
+    }
+}
+
+/// The verdict of the node-affinity check alone, with no container to check
+/// (`kata-topo check --node-labels --pod-spec` without `--spec`): an `update` when the view
+/// holds a label baseline to hold the node to, as the wrapper checks a resize, else a
+/// `create`; the node's policy and mode (`defaults`).
+pub fn verdict(view: &NodeView, defaults: crate::policy::Defaults) -> crate::verdict::Verdict {
+    use crate::verdict::{Decision, Operation, PodRef, Verdict};
+    let mut findings = Vec::new();
+    view.findings(&mut |rule, message, expected, observed| {
+        if let Some(severity) = severity(rule, defaults.policy, defaults.fail_closed) {
+            findings.push(Finding {
+                rule,
+                severity,
+                message,
+                expected,
+                observed,
+            });
+        }
+    });
+    let (pod, operation) = match view {
+        NodeView::Read { pod, baseline, .. } => (
+            PodRef {
+                name: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                uid: pod.uid.clone(),
+            },
+            if baseline.is_some() {
+                Operation::Update
+            } else {
+                Operation::Create
+            },
+        ),
+        NodeView::Unavailable { .. } => (PodRef::default(), Operation::Create),
+    };
+    let mut verdict = Verdict {
+        operation,
+        class: None,
+        sandbox_id: None,
+        container_id: None,
+        container_name: None,
+        pod,
+        policy: defaults.policy,
+        mode: defaults.mode,
+        decision: Decision::Allow,
+        findings,
+        intent_source: Default::default(),
+        kubelet: None,
+    };
+    verdict.settle(true);
+    verdict
+}
+
+/// The findings of `pod` on `node` against `baseline`, unweighed, each given to `add`.
+fn evaluate(
+    pod: &PodPlacement,
+    node: &NodeLabels,
+    baseline: Option<&NodeLabels>,
+    add: &mut dyn FnMut(Rule, String, Value, Value),
+) {
     let who = pod.who();
     // The nodeSelector and the required terms: violated, or changed but holding.
     let selector_ok = selector_matches(&pod.node_selector, node);
@@ -722,7 +873,6 @@ pub fn check(
             })
             .collect();
         add(
-            &mut out,
             Rule::NodeAffinityViolated,
             format!(
                 "{who} no longer fits node {}: its nodeSelector needs {}; {}",
@@ -755,7 +905,6 @@ pub fn check(
                     .collect()
             };
             add(
-                &mut out,
                 Rule::NodeAffinityViolated,
                 format!(
                     "{who} no longer fits node {}: no term of its required node affinity \
@@ -770,7 +919,7 @@ pub fn check(
         }
     }
     let Some(then) = baseline else {
-        return out;
+        return;
     };
     let moved = changed(still_holding, then, node);
     if !moved.is_empty() {
@@ -786,7 +935,6 @@ pub fn check(
         }
         expected.insert("labels".into(), values_of(moved.iter().copied(), then));
         add(
-            &mut out,
             Rule::NodeLabelsChanged,
             format!(
                 "labels of node {} that {who} requires changed since its first create ({}), \
@@ -824,7 +972,6 @@ pub fn check(
             _ => continue,
         };
         add(
-            &mut out,
             Rule::NodeLabelsChanged,
             message,
             json!({
@@ -834,7 +981,6 @@ pub fn check(
             json!({"node": node.name, "labels": values_of(keys.iter().copied(), node)}),
         );
     }
-    out
 }
 
 fn label_text(node: &NodeLabels, key: &str) -> String {
@@ -846,16 +992,20 @@ fn label_text(node: &NodeLabels, key: &str) -> String {
 /// The `node-labels-unavailable` finding: the node's labels or the pod could not be read
 /// (`reason` says why), so its affinity went unchecked for this request.
 pub fn unavailable(reason: &str, policy: Policy, fail_closed: bool) -> Option<Finding> {
-    let rule = Rule::NodeLabelsUnavailable;
-    severity(rule, policy, fail_closed).map(|severity| Finding {
-        rule,
-        severity,
-        message: format!(
-            "the pod's node affinity was not checked: {reason}; the request went on unchecked"
-        ),
-        expected: json!({"node_labels": "read from the API server"}),
-        observed: json!({"error": reason}),
-    })
+    let mut found = None;
+    NodeView::Unavailable {
+        reason: reason.to_string(),
+    }
+    .findings(&mut |rule, message, expected, observed| {
+        found = severity(rule, policy, fail_closed).map(|severity| Finding {
+            rule,
+            severity,
+            message,
+            expected,
+            observed,
+        });
+    });
+    found
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub struct TaskRecord {
     pub pid: Option<u32>,
 }
 
+/// The file of a pod's label baseline ([`crate::affinity::LabelBaseline`]).
+const LABEL_BASELINE_FILE: &str = "node-labels.json";
+
 /// The file of a pod's [`DaemonRecord`].
 const DAEMON_FILE: &str = "daemon.json";
 
@@ -50,6 +53,10 @@ pub struct DaemonRecord {
     /// `built-in-defaults` ([`crate::config::ConfigSource`]).
     #[serde(default)]
     pub config_source: String,
+    /// Whether the node-affinity check runs for the pod and against which API server, or why
+    /// it is off (`off: no kubeconfig at …`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<String>,
 }
 
 /// Whose latest verdict a file under `verdicts/` keeps. A task has two: its last request's,
@@ -182,6 +189,16 @@ impl GroupState {
     /// Records the sandbox's baseline.
     pub fn save_sandbox_baseline(&self, b: &Baseline) -> io::Result<()> {
         write_json(&self.dir.join("sandbox.json"), b)
+    }
+
+    /// The pod's label baseline: its node's labels at its first create, and its placement.
+    pub fn label_baseline(&self) -> io::Result<Option<crate::affinity::LabelBaseline>> {
+        read_json(&self.dir.join(LABEL_BASELINE_FILE))
+    }
+
+    /// Records the pod's label baseline.
+    pub fn save_label_baseline(&self, b: &crate::affinity::LabelBaseline) -> io::Result<()> {
+        write_json(&self.dir.join(LABEL_BASELINE_FILE), b)
     }
 
     fn container_path(&self, name: &str) -> PathBuf {
@@ -423,6 +440,7 @@ mod tests {
             delegate: None,
             config: Some("/etc/kata-containers/kt.toml".into()),
             config_source: "ConfigPath".into(),
+            node_affinity: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
         };
         g.save_daemon(&d).expect("save daemon");
         assert_eq!(g.daemon().expect("read"), Some(d.clone()));

@@ -839,7 +839,7 @@ fn every_rule_message_is_one_clean_line() {
     // node-affinity-violated, node-labels-changed (a preferred term lost and a required label
     // changed), node-labels-unavailable.
     {
-        use kata_topo_core::affinity::{self, NodeLabels, PodPlacement};
+        use kata_topo_core::affinity::{NodeLabels, NodeView, PodPlacement};
         let pod = PodPlacement::from_json(
             br#"{"kind":"Pod","metadata":{"namespace":"ml","name":"gpu-pod",
                 "ownerReferences":[{"kind":"StatefulSet","name":"gpu","controller":true}]},
@@ -858,21 +858,27 @@ fn every_rule_message_is_one_clean_line() {
                 .collect(),
         };
         let then = node("16", "a");
-        let mut v = verdicts[0].clone();
-        v.findings = affinity::check(&pod, &node("4", "a"), Some(&then), defaults().policy, false);
-        v.findings.extend(affinity::check(
-            &pod,
-            &node("32", "b"),
-            Some(&then),
-            defaults().policy,
-            false,
-        ));
-        v.findings.extend(affinity::unavailable(
-            "the API server did not answer within 500 ms",
-            defaults().policy,
-            false,
-        ));
-        verdicts.push(v);
+        let read = |now: NodeLabels| NodeView::Read {
+            pod: pod.clone(),
+            node: now,
+            baseline: Some(then.clone()),
+        };
+        for view in [
+            read(node("4", "a")),
+            read(node("32", "b")),
+            NodeView::Unavailable {
+                reason: "the API server did not answer within 500 ms".into(),
+            },
+        ] {
+            verdicts.push(
+                kata_topo_core::Checker::new(&dgx2, Some(&sysfs), defaults()).admit(
+                    &kata_topo_core::Request {
+                        node: Some(&view),
+                        ..kata_topo_core::Request::new(&on_node_1)
+                    },
+                ),
+            );
+        }
     }
 
     let mut seen: Vec<Rule> = Vec::new();

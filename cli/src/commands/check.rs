@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kata_topo_core::affinity::{self, NodeLabels, NodeView, PodPlacement};
 use kata_topo_core::check::{Request, Running};
 use kata_topo_core::files;
 use kata_topo_core::kata::KataConfig;
@@ -14,7 +15,7 @@ use kata_topo_core::kubelet::KubeletSettings;
 use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo_core::vm::VmView;
 use kata_topo_core::{
-    Baseline, Checker, ContainerSpec, Defaults, Mode, PodOverrides, Policy, Resources,
+    Baseline, Checker, ContainerSpec, Defaults, Mode, PodOverrides, Policy, Resources, Verdict,
 };
 
 use crate::commands::HostArgs;
@@ -25,9 +26,14 @@ const MAX_BASELINE_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, Args)]
 pub(crate) struct CheckArgs {
-    /// The container's OCI spec (a bundle's config.json).
-    #[arg(long, value_name = "CONFIG.json")]
-    spec: PathBuf,
+    /// The container's OCI spec (a bundle's config.json). Optional with --node-labels: the
+    /// pod's node affinity is then checked alone.
+    #[arg(
+        long,
+        value_name = "CONFIG.json",
+        required_unless_present = "node_labels"
+    )]
+    spec: Option<PathBuf>,
     /// An OCI LinuxResources JSON: check an update of the container instead of its create.
     #[arg(long, value_name = "RESOURCES.json")]
     update: Option<PathBuf>,
@@ -70,9 +76,46 @@ pub(crate) struct CheckArgs {
     /// `container`.
     #[arg(long, value_name = "FILE", requires = "pod_resources")]
     kubelet_config: Option<PathBuf>,
+    /// A recorded Node (JSON, as `kubectl get node NAME -o json` prints it): the pod of
+    /// --pod-spec has its nodeSelector and node affinity checked against its labels.
+    #[arg(long, value_name = "FILE", requires = "pod_spec")]
+    node_labels: Option<PathBuf>,
+    /// A recorded Pod (JSON, as `kubectl get pod -n NS NAME -o json` prints it), for
+    /// --node-labels.
+    #[arg(long, value_name = "FILE", requires = "node_labels")]
+    pod_spec: Option<PathBuf>,
+    /// The Node as it was at the pod's first create (the label baseline): labels the pod's
+    /// terms name that changed since are `node-labels-changed`.
+    #[arg(long, value_name = "FILE", requires = "node_labels")]
+    label_baseline: Option<PathBuf>,
     /// Print the verdict as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// The largest recorded Node or Pod accepted.
+const MAX_OBJECT_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The node-affinity inputs (--pod-spec, --node-labels, --label-baseline) as the wrapper's
+/// read of the API server gives them to the core.
+fn node_view(args: &CheckArgs) -> Result<Option<NodeView>> {
+    let (Some(node), Some(pod)) = (&args.node_labels, &args.pod_spec) else {
+        return Ok(None);
+    };
+    let read_node = |path: &PathBuf, what: &str| -> Result<NodeLabels> {
+        NodeLabels::from_json(&read_input(path, MAX_OBJECT_BYTES, what)?)
+            .with_context(|| format!("{what} {} is not a Node", input_name(path)))
+    };
+    Ok(Some(NodeView::Read {
+        pod: PodPlacement::from_json(&read_input(pod, MAX_OBJECT_BYTES, "pod")?)
+            .with_context(|| format!("pod {} is not a Pod", input_name(pod)))?,
+        node: read_node(node, "node")?,
+        baseline: args
+            .label_baseline
+            .as_ref()
+            .map(|p| read_node(p, "label baseline"))
+            .transpose()?,
+    }))
 }
 
 /// `-`: standard input.
@@ -105,19 +148,40 @@ fn spec_error(e: RequestError, path: &Path) -> anyhow::Error {
 
 pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
     let from_stdin = [
-        Some(&args.spec),
+        args.spec.as_ref(),
         args.update.as_ref(),
         args.baseline.as_ref(),
+        args.node_labels.as_ref(),
+        args.pod_spec.as_ref(),
+        args.label_baseline.as_ref(),
     ]
     .into_iter()
     .flatten()
     .filter(|p| is_stdin(p))
     .count();
     if from_stdin > 1 {
-        anyhow::bail!("only one of --spec, --update and --baseline can be `-` (standard input)");
+        anyhow::bail!(
+            "only one of --spec, --update, --baseline, --pod-spec, --node-labels and \
+             --label-baseline can be `-` (standard input)"
+        );
     }
-    let spec = ContainerSpec::from_json(&read_input(&args.spec, MAX_SPEC_BYTES, "OCI spec")?)
-        .map_err(|e| spec_error(e, &args.spec))?;
+    let node_view = node_view(args)?;
+    let node = Defaults::default();
+    let defaults = Defaults {
+        policy: args.policy.unwrap_or(node.policy),
+        mode: args.mode.unwrap_or(node.mode),
+        pod_overrides: args.pod_overrides.unwrap_or(node.pod_overrides),
+        ..node
+    };
+    let Some(spec_path) = &args.spec else {
+        // The node-affinity check alone (clap requires --spec otherwise).
+        let Some(view) = &node_view else {
+            anyhow::bail!("--spec or --node-labels is required");
+        };
+        return print(&affinity::verdict(view, defaults), args.json);
+    };
+    let spec = ContainerSpec::from_json(&read_input(spec_path, MAX_SPEC_BYTES, "OCI spec")?)
+        .map_err(|e| spec_error(e, spec_path))?;
     let update = match &args.update {
         Some(path) => Some(
             Resources::from_json(&read_input(path, MAX_RESOURCES_BYTES, "LinuxResources")?)
@@ -143,14 +207,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
     };
     let (host, sysfs) = args.host.load()?;
     // What the wrapper does on a node configured so: the pod's annotations over the node's
-    // values, within pod_overrides.
-    let node = Defaults::default();
-    let defaults = Defaults {
-        policy: args.policy.unwrap_or(node.policy),
-        mode: args.mode.unwrap_or(node.mode),
-        pod_overrides: args.pod_overrides.unwrap_or(node.pod_overrides),
-        ..node
-    };
+    // values, within pod_overrides (`defaults` above).
     let kubelet = match &args.pod_resources {
         Some(path) => {
             let settings = match &args.kubelet_config {
@@ -181,6 +238,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         kata: kata.as_ref(),
         vm: view.as_ref(),
         kubelet: kubelet.as_ref(),
+        node: node_view.as_ref(),
         ..Request::new(&spec)
     };
     let verdict = match (&update, &baseline) {
@@ -194,8 +252,13 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         (None, Some(baseline)) => checker.recreate(&request, baseline),
         (None, None) => checker.admit(&request),
     };
-    if args.json {
-        out::json(&serde_json::to_string_pretty(&verdict)?)?;
+    print(&verdict, args.json)
+}
+
+/// Prints the verdict; exit 1 when it has an `error` finding.
+fn print(verdict: &Verdict, json: bool) -> Result<ExitCode> {
+    if json {
+        out::json(&serde_json::to_string_pretty(verdict)?)?;
     } else {
         out::lines(&verdict.human())?;
     }

@@ -92,6 +92,9 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
                     d.config_source,
                     d.delegate_address.trim_start_matches("unix://"),
                 );
+                if let Some(a) = &d.node_affinity {
+                    outln!("  node affinity: {a}");
+                }
             }
             for (name, b) in &p.containers {
                 outln!(

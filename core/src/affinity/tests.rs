@@ -235,8 +235,15 @@ fn reads_a_pod_and_a_node_as_the_api_server_serves_them() {
     assert_eq!(n.labels.len(), 3);
     assert!(required_matches(&pod, &n));
     // What the wrapper keeps reads back the same.
-    assert_eq!(PodPlacement::from_value(&pod.to_value()), Ok(pod));
-    assert_eq!(NodeLabels::from_value(&n.to_value()), Ok(n));
+    assert_eq!(PodPlacement::from_value(&pod.to_value()), Ok(pod.clone()));
+    assert_eq!(NodeLabels::from_value(&n.to_value()), Ok(n.clone()));
+    let kept = LabelBaseline { node: n, pod };
+    let text = serde_json::to_string(&kept).expect("json");
+    assert_eq!(
+        serde_json::from_str::<LabelBaseline>(&text).expect("back"),
+        kept
+    );
+    assert!(serde_json::from_str::<LabelBaseline>(r#"{"node":{}}"#).is_err());
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod context;
 mod devices;
 mod drift;
 mod kubelet;
+mod node;
 mod phase;
 mod placement;
 mod vfio;
@@ -78,6 +79,8 @@ struct Input<'a> {
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
     kubelet: Option<&'a KubeletView>,
+    /// What the API server said about the pod's node, when it was read.
+    node: Option<&'a crate::affinity::NodeView>,
 }
 
 #[cfg(test)]
@@ -95,6 +98,7 @@ impl<'a> Input<'a> {
             vm: None,
             running_vm: None,
             kubelet: None,
+            node: None,
         }
     }
 }
@@ -193,12 +197,13 @@ impl<'h> Checker<'h> {
 }
 
 /// The rule families, in the order their findings appear in a verdict.
-const FAMILIES: [fn(&Context<'_>, &mut Findings); 5] = [
+const FAMILIES: [fn(&Context<'_>, &mut Findings); 6] = [
     kubelet::check,
     placement::check,
     vfio::check,
     drift::check,
     vm::check,
+    node::check,
 ];
 
 /// The findings of one check so far: each rule's finding is weighed by the severity table under

@@ -7,6 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::affinity::NodeView;
 use crate::intent::{Baseline, Intent, IntentOrigin, ANNOTATION_MODE, ANNOTATION_POLICY};
 use crate::kata::KataConfig;
 use crate::kubelet::KubeletView;
@@ -45,6 +46,11 @@ pub struct Request<'a> {
     /// What the kubelet said about the pod, when it was asked (`intent_source`): its
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
     pub kubelet: Option<&'a KubeletView>,
+    /// What the API server said about the pod's node, when it was read: the pod's
+    /// nodeSelector and node affinity are checked against the node's labels now and at the
+    /// pod's first create (`node-affinity-violated`, `node-labels-changed`), or why it could
+    /// not be read (`node-labels-unavailable`).
+    pub node: Option<&'a NodeView>,
     /// The request has gone through already (an OCI hook at poststart, when the container
     /// runs): the verdict reports what it finds and never refuses.
     pub after_the_fact: bool,
@@ -60,6 +66,7 @@ impl<'a> Request<'a> {
             kata: None,
             vm: None,
             kubelet: None,
+            node: None,
             after_the_fact: false,
         }
     }
@@ -201,6 +208,7 @@ impl Checker<'_> {
             vm: req.vm,
             running_vm: None,
             kubelet: req.kubelet,
+            node: req.node,
         };
         let input = match phase {
             Phase::Admit => input,

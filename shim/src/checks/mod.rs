@@ -6,6 +6,7 @@
 //! [`PodChecks::spawn_refresher`]), not for a sink (log lines, events, metrics and state go
 //! through queues), not for the VM (looked at later by one timer thread).
 
+mod affinity;
 mod announce;
 mod host;
 mod kubelet;
@@ -33,7 +34,9 @@ use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist};
 use slog::Logger;
 
 use crate::error::ShimError;
+use affinity::NodeAffinity;
 use announce::Announcer;
+use kata_topo_core::affinity::NodeView;
 use kubelet::KubeletIntents;
 
 /// The longest a check waits for its daemon's first topology load, when that load is under
@@ -129,6 +132,8 @@ pub(crate) struct PodChecks {
     delegate_pid: std::sync::OnceLock<u32>,
     /// The pod's intent from the kubelet.
     kubelet: KubeletIntents,
+    /// The pod's node affinity against its node's labels.
+    affinity: NodeAffinity,
 }
 
 impl PodChecks {
@@ -165,6 +170,7 @@ impl PodChecks {
             slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
                 "error" => e.to_string());
         });
+        let store = PodStore::open(files, persist);
         let checks = Arc::new(Self {
             origin: (file, source),
             host: CurrentHost::new(
@@ -172,7 +178,8 @@ impl PodChecks {
                 kata_topo_core::cache::TopologyCache::from_config(&config),
             ),
             sysfs: Sysfs::new(&config.sysfs_root),
-            store: PodStore::open(files, persist),
+            affinity: NodeAffinity::new(&config, store.label_baseline()),
+            store,
             namespace: namespace.to_string(),
             group: group.to_string(),
             specs: SpecCache::default(),
@@ -348,7 +355,16 @@ impl PodChecks {
         };
         // The pod's first create asks the kubelet; its containers' creates use the answer.
         let kubelet = self.kubelet.view(&spec.pod, sandbox);
-        let verdict = self.run(phase, &self.request(task_id, &spec, kubelet.as_deref()));
+        // The pod's first create reads its node's labels (the label baseline), a recreate
+        // reads them again.
+        let node = (sandbox || existing.is_some())
+            .then(|| self.node_view(&spec.pod))
+            .flatten();
+        let request = Request {
+            node: node.as_ref(),
+            ..self.request(task_id, &spec, kubelet.as_deref())
+        };
+        let verdict = self.run(phase, &request);
         let baseline = match (existing, of) {
             (None, Some(of)) => Some(Box::new(NewBaseline {
                 of,
@@ -406,7 +422,12 @@ impl PodChecks {
         // every shared-pool container at once) is checked against what was kept.
         let resize = matches!(class, UpdateClass::Resize | UpdateClass::Mixed);
         let kubelet = self.kubelet.view(&spec.pod, resize);
-        let request = self.request(task_id, &spec, kubelet.as_deref());
+        // A resize reads the node's labels again; a cpuset push does not.
+        let node = resize.then(|| self.node_view(&spec.pod)).flatten();
+        let request = Request {
+            node: node.as_ref(),
+            ..self.request(task_id, &spec, kubelet.as_deref())
+        };
         // Only static sizing needs the VM's real vCPU count to predict pinning. The count
         // comes from the VMM's vCPU fds: one look, no sampling of its threads (that waits,
         // and the request must not). What the VM really does is reported once the delegate
@@ -436,6 +457,17 @@ impl PodChecks {
             resources: current.merged(&update),
         };
         self.finish(task_id, verdict, started, Some(accept))
+    }
+
+    /// What the API server says about the pod's node now (one read, within
+    /// `api_timeout_ms`), for the core to check the pod's node affinity against; keeps the
+    /// label baseline a first read gives. `None` when the check is off.
+    fn node_view(&self, pod: &kata_topo_core::verdict::PodRef) -> Option<NodeView> {
+        let read = catch_unwind(AssertUnwindSafe(|| self.affinity.read(pod))).ok()?;
+        if let Some(b) = read.new_baseline {
+            self.store.save_label_baseline(b);
+        }
+        read.view
     }
 
     /// A task `Delete` (of the task itself, not an exec).
@@ -626,6 +658,7 @@ impl PodChecks {
             delegate: delegate_pid.and_then(|p| ProcessId::of(procfs, p)),
             config: self.origin.0.clone(),
             config_source: self.origin.1.as_str().to_string(),
+            node_affinity: Some(self.affinity.describe()),
         });
     }
 

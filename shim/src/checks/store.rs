@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use std::sync::Mutex;
 
+use kata_topo_core::affinity::LabelBaseline;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::{Baseline, Verdict};
 use kata_topo_sinks::Persist;
@@ -30,6 +31,7 @@ pub(crate) enum BaselineOf {
 #[derive(Debug, Default)]
 struct Memory {
     sandbox: Option<Baseline>,
+    labels: Option<LabelBaseline>,
     containers: HashMap<String, Baseline>,
     tasks: HashMap<String, TaskRecord>,
 }
@@ -51,6 +53,7 @@ impl PodStore {
         let mut memory = Memory::default();
         if let Some(files) = &files {
             memory.sandbox = files.sandbox_baseline().ok().flatten();
+            memory.labels = files.label_baseline().ok().flatten();
             if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
                 memory.containers = pod.containers.into_iter().collect();
                 memory.tasks = pod.tasks.into_iter().collect();
@@ -132,6 +135,17 @@ impl PodStore {
                 });
             }
         }
+    }
+
+    /// The pod's label baseline, as a previous daemon of the pod kept it.
+    pub(crate) fn label_baseline(&self) -> Option<LabelBaseline> {
+        self.with(|m| m.labels.clone())
+    }
+
+    /// Records the pod's label baseline.
+    pub(crate) fn save_label_baseline(&self, b: LabelBaseline) {
+        self.with(|m| m.labels = Some(b.clone()));
+        self.mirror("node-labels".into(), move |f| f.save_label_baseline(&b));
     }
 
     /// Keeps the latest verdict of a task's request, of its VM, or of the pod (for

@@ -54,9 +54,15 @@ pub(crate) fn pod_configured(
             dir.path().join("no-kubelet.sock").display()
         )
     };
+    // No API server unless a test brings one: a node's real kubeconfig is never read.
+    let kubeconfig = if extra.contains("kubeconfig") {
+        ""
+    } else {
+        "kubeconfig = \"\"\n"
+    };
     let config = Config::parse(
         &format!(
-            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{kubelet}{extra}",
+            "[topology_guard]\nmode = \"{mode}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\n{kubelet}{kubeconfig}{extra}",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
             tree.root().display(),
             state.display(),
@@ -171,6 +177,33 @@ impl Pod {
             Outcome::Forward(Some(accept)) => self.checks.commit(accept, Some(pid)),
             other => panic!("create: {other:?}"),
         }
+    }
+
+    /// The pod's sandbox `sb1` created and accepted: the pod's first create.
+    pub(crate) fn create_sandbox(&self) -> Outcome {
+        let bundle = self.dir.path().join("sandbox-bundle");
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({
+                "ociVersion": "1.0.2",
+                "annotations": {
+                    "io.kubernetes.cri.container-type": "sandbox",
+                    "io.kubernetes.cri.sandbox-id": "sb1",
+                    "io.kubernetes.cri.sandbox-name": "pod",
+                    "io.kubernetes.cri.sandbox-namespace": "ns",
+                    "io.kubernetes.cri.sandbox-uid": "uid-1"
+                },
+                "linux": {"resources": {"cpu": {"cpus": "1"}}}
+            })
+            .to_string(),
+        )
+        .expect("spec");
+        let outcome = self.checks.on_create("sb1", &bundle);
+        if let Outcome::Forward(Some(accept)) = &outcome {
+            self.checks.commit(accept.clone(), None);
+        }
+        outcome
     }
 
     pub(crate) fn update(&self, json: &str) -> Outcome {

@@ -553,3 +553,242 @@ fn the_kubelet_is_the_intent_and_is_asked_at_creates_and_resizes_only() {
     ));
     assert_eq!(kubelet.calls(), 2);
 }
+
+/// A fake API server with node `worker-1` (its labels as `labels` holds them, changeable) and
+/// pod `ns/pod` requiring `nic In [mlx5]` and `cores Gt 1`, owned by ReplicaSet `pod-rs`;
+/// `hang` makes it accept and never answer.
+struct ApiServer {
+    server: kata_topo_apiserver::fake::FakeApiServer,
+    labels: Arc<Mutex<serde_json::Value>>,
+    hang: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ApiServer {
+    fn start() -> Self {
+        use kata_topo_apiserver::fake::{FakeApiServer, Reply};
+        let labels = Arc::new(Mutex::new(serde_json::json!({"nic": "mlx5", "cores": "2"})));
+        let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, h) = (Arc::clone(&labels), Arc::clone(&hang));
+        let server = FakeApiServer::start(move |line| {
+            if h.load(std::sync::atomic::Ordering::SeqCst) {
+                return Reply::Hang;
+            }
+            if line.starts_with("GET /api/v1/nodes/worker-1 ") {
+                let labels = l.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                Reply::ok(
+                    serde_json::json!({"kind": "PartialObjectMetadata",
+                        "metadata": {"name": "worker-1", "labels": labels}})
+                    .to_string(),
+                )
+            } else if line.starts_with("GET /api/v1/namespaces/ns/pods/pod ") {
+                Reply::ok(
+                    serde_json::json!({"kind": "Pod", "metadata": {"name": "pod", "namespace": "ns",
+                        "uid": "uid-1", "ownerReferences": [{"kind": "ReplicaSet", "name": "pod-rs", "controller": true}]},
+                      "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                        {"nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": "nic", "operator": "In", "values": ["mlx5"]},
+                          {"key": "cores", "operator": "Gt", "values": ["1"]}]}]}}}}})
+                    .to_string(),
+                )
+            } else {
+                Reply::status(404, "not found")
+            }
+        });
+        Self {
+            server,
+            labels,
+            hang,
+        }
+    }
+
+    fn config(&self) -> String {
+        format!(
+            "kubeconfig = \"{}\"\nnode_name = \"worker-1\"\napi_timeout_ms = 1000\n",
+            self.server.kubeconfig().display()
+        )
+    }
+
+    fn label(&self, key: &str, value: &str) {
+        self.labels.lock().unwrap_or_else(|e| e.into_inner())[key] = value.into();
+    }
+
+    fn gets(&self) -> usize {
+        self.server.requests().len()
+    }
+}
+
+const RESIZE: &str = r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#;
+
+/// The pod's first create reads the pod and its node (the label baseline); a container's first
+/// create and a cpuset push read nothing; each resize reads the node once. A label the pod's
+/// affinity names changed but still holding is `node-labels-changed`; the node relabelled so
+/// the required term fails is `node-affinity-violated`, naming the pod's owner, with the term
+/// and the labels as nested JSON, let through in audit mode.
+#[test]
+fn node_affinity_is_read_at_the_first_create_and_each_resize() {
+    let api = ApiServer::start();
+    let p = pod_configured("audit", None, true, &api.config(), false);
+    assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+    assert_eq!(
+        api.gets(),
+        2,
+        "the pod and its node: {:?}",
+        api.server.requests()
+    );
+    p.create();
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"1"}}"#),
+        Outcome::Forward(_)
+    ));
+    assert_eq!(
+        api.gets(),
+        2,
+        "a container's create and a cpuset push read nothing"
+    );
+    // Still holding: a warning only.
+    api.label("cores", "4");
+    assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+    assert_eq!(api.gets(), 3, "a resize reads the node, not the pod again");
+    let lines = p.lines();
+    let changed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["rule"] == "node-labels-changed")
+        .collect();
+    assert_eq!(changed.len(), 1, "{lines:#?}");
+    assert_eq!(changed[0]["severity"], "warning");
+    assert_eq!(changed[0]["expected"]["labels"]["cores"], "2");
+    assert_eq!(changed[0]["observed"]["labels"]["cores"], "4");
+    assert!(!lines.iter().any(|l| l["rule"] == "node-affinity-violated"));
+    // Relabelled: violated, reported, let through in audit mode.
+    api.label("nic", "e810");
+    assert!(matches!(
+        p.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
+        Outcome::Forward(_)
+    ));
+    assert_eq!(api.gets(), 4);
+    let lines = p.lines();
+    let violated = lines
+        .iter()
+        .find(|l| l["rule"] == "node-affinity-violated")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(violated["severity"], "error");
+    assert_eq!(violated["decision"], "allow");
+    assert_eq!(violated["observed"]["labels"]["nic"], "e810");
+    assert_eq!(
+        violated["expected"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "nic"
+    );
+    assert!(
+        violated["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("ReplicaSet pod-rs")),
+        "{violated}"
+    );
+    // The label baseline is in the pod's state, for a daemon started again.
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let kept: kata_topo_core::affinity::LabelBaseline = serde_json::from_slice(
+        &std::fs::read(p.checks.state_dir().join("node-labels.json")).expect("kept"),
+    )
+    .expect("baseline");
+    assert_eq!(kept.node.labels["cores"], "2");
+    assert_eq!(kept.pod.owner.expect("owner").name, "pod-rs");
+}
+
+/// In enforce mode a recreate and a resize on a node that no longer fits the pod are refused,
+/// naming the rule and the pod; a wrapper daemon started again for the pod keeps the label
+/// baseline and reads only the node.
+#[test]
+fn enforce_refuses_a_resize_on_a_node_that_no_longer_fits() {
+    let api = ApiServer::start();
+    let state = tempfile::tempdir().expect("tempdir");
+    let p = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
+    assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+    p.create();
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    api.label("nic", "e810");
+    // Another daemon for the same pod (the wrapper restarted).
+    let again = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
+    let refused = |outcome: Outcome, what: &str| match outcome {
+        Outcome::Refuse(e) => {
+            assert_eq!(e.code(), Code::FailedPrecondition);
+            let m = e.to_string();
+            assert!(
+                m.contains(what) && m.contains("node-affinity-violated") && m.contains("ns/pod"),
+                "{m}"
+            );
+        }
+        other => panic!("{other:?}"),
+    };
+    let before = api.gets();
+    refused(
+        again
+            .checks
+            .on_create("c1", &again.dir.path().join("bundle")),
+        "the recreate of container app",
+    );
+    refused(again.update(RESIZE), "the update of container app");
+    assert_eq!(
+        api.gets(),
+        before + 2,
+        "the node only, each time: the pod was kept"
+    );
+    // Relabelled back: the resize goes through.
+    api.label("nic", "mlx5");
+    assert!(matches!(again.update(RESIZE), Outcome::Forward(_)));
+}
+
+/// An API server that accepts and never answers costs a resize the timeout and a
+/// `node-labels-unavailable` warning saying why; the resize goes on, in enforce mode too.
+#[test]
+fn a_hung_api_server_costs_the_timeout_and_a_warning() {
+    let api = ApiServer::start();
+    let p = pod_configured("enforce", None, true, &api.config(), false);
+    assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+    p.create();
+    api.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = Instant::now();
+    assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1000), "{took:?}");
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    let lines = p.lines();
+    let warning = lines
+        .iter()
+        .find(|l| l["rule"] == "node-labels-unavailable")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(warning["severity"], "warning");
+    assert!(
+        warning["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not answer within 1000 ms")),
+        "{warning}"
+    );
+}
+
+/// Without a kubeconfig the check is off, reads nothing and says so in the daemon's record.
+#[test]
+fn no_kubeconfig_no_affinity_check() {
+    let p = pod("audit");
+    assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+    p.checks
+        .record_daemon("unix:///run/test/delegate.sock", Some(4242));
+    assert!(p
+        .checks
+        .flush_state(Instant::now() + Duration::from_secs(10)));
+    let record: DaemonRecord = serde_json::from_slice(
+        &std::fs::read(p.checks.state_dir().join("daemon.json")).expect("daemon"),
+    )
+    .expect("record");
+    assert!(
+        record
+            .node_affinity
+            .as_deref()
+            .is_some_and(|a| a.starts_with("off:")),
+        "{record:?}"
+    );
+}

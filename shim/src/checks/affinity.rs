@@ -1,0 +1,117 @@
+//! The pod's node affinity, re-checked where the scheduler never looks again: at the pod's
+//! first create (its sandbox's) the wrapper reads the pod and its node from the API server and
+//! keeps the node's labels as the **label baseline**, with the pod's nodeSelector and node
+//! affinity (they cannot change once the pod is bound); at each resize (`resize` or `mixed`
+//! update) and each recreate it reads the node again and checks the pod against it
+//! ([`kata_topo_core::affinity`]).
+//!
+//! One read per such request, never per forwarded call, all of it within `api_timeout_ms`.
+//! A cpuset push of the CPU manager's reconcile loop — sent to every shared-pool container
+//! of the node at once — neither reads nor checks: it changes nothing the scheduler decided,
+//! and a node of a hundred pods would otherwise send the API server a hundred GETs each time
+//! its shared pool changes. A container's first create after its sandbox's uses nothing either:
+//! the sandbox's read a moment before stands for the pod. A read that fails costs the request
+//! that made it a `node-labels-unavailable` warning naming why and nothing more; a pod whose
+//! first read failed takes the labels of its first successful read as its baseline.
+
+use std::sync::Mutex;
+
+use kata_topo_apiserver::{ApiError, Setup};
+use kata_topo_core::affinity::{LabelBaseline, NodeView};
+use kata_topo_core::config::Config;
+use kata_topo_core::verdict::PodRef;
+
+/// What one read gave: the view the core checks, and the baseline to keep when it was the
+/// first.
+#[derive(Debug, Default)]
+pub(crate) struct NodeRead {
+    /// What the API server said, or why it said nothing; `None` when the check is off or the
+    /// request names no pod.
+    pub(crate) view: Option<NodeView>,
+    /// A label baseline read for the first time: keep it.
+    pub(crate) new_baseline: Option<LabelBaseline>,
+}
+
+/// One pod's node-affinity check.
+#[derive(Debug)]
+pub(crate) struct NodeAffinity {
+    setup: Setup,
+    kept: Mutex<Option<LabelBaseline>>,
+}
+
+impl NodeAffinity {
+    /// The check as `config` sets it up, starting from the baseline a previous daemon of the
+    /// pod kept.
+    pub(crate) fn new(config: &Config, kept: Option<LabelBaseline>) -> Self {
+        Self {
+            setup: kata_topo_apiserver::setup(config),
+            kept: Mutex::new(kept),
+        }
+    }
+
+    /// Whether it runs, for the daemon's record (`kata-topo status`).
+    pub(crate) fn describe(&self) -> String {
+        self.setup.describe()
+    }
+
+    /// Reads the node (and the pod, when no baseline is kept yet) for a check of the pod's
+    /// affinity on it.
+    pub(crate) fn read(&self, pod: &PodRef) -> NodeRead {
+        let unavailable = |e: &ApiError| NodeRead {
+            view: Some(NodeView::Unavailable {
+                reason: e.to_string(),
+            }),
+            new_baseline: None,
+        };
+        let (client, node) = match &self.setup {
+            Setup::Off(_) => return NodeRead::default(),
+            Setup::Broken(e) => return unavailable(e),
+            Setup::On { client, node } => (client, node),
+        };
+        let (Some(namespace), Some(name)) = (&pod.namespace, &pod.name) else {
+            return NodeRead::default();
+        };
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // A kept baseline of another pod of the same name is not this pod's.
+        let kept =
+            kept.filter(|k| k.pod.uid.is_none() || pod.uid.is_none() || k.pod.uid == pod.uid);
+        let reading = client.read(
+            node,
+            kept.is_none()
+                .then_some((namespace.as_str(), name.as_str())),
+        );
+        let now = match reading.node {
+            Ok(n) => n,
+            Err(e) => return unavailable(&e),
+        };
+        let (placement, baseline, new_baseline) = match (kept, reading.pod) {
+            (Some(k), _) => (k.pod, Some(k.node), None),
+            (None, Some(Ok(p))) => {
+                if let (Some(want), Some(got)) = (&pod.uid, &p.uid) {
+                    if want != got {
+                        return unavailable(&ApiError::Garbage(format!(
+                            "pod {namespace}/{name} in the API server is another pod (uid \
+                             {got}, not {want})"
+                        )));
+                    }
+                }
+                let new = LabelBaseline {
+                    node: now.clone(),
+                    pod: p.clone(),
+                };
+                *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(new.clone());
+                (p, None, Some(new))
+            }
+            (None, Some(Err(e))) => return unavailable(&e),
+            (None, None) => return NodeRead::default(),
+        };
+        NodeRead {
+            view: Some(NodeView::Read {
+                pod: placement,
+                node: now,
+                baseline,
+            }),
+            new_baseline,
+        }
+    }
+}
