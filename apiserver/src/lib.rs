@@ -17,11 +17,13 @@
 //! Node would need a long-lived connection per pod daemon (one per pod on the node) for a
 //! value read a few times in a pod's life.
 //!
-//! Measured (release profile, stripped): the client, its TLS stack and the wiring make
-//! `containerd-shim-kata-topo-v2` larger by the amount `docs/kubernetes.md` records (its
-//! section "Node affinity"), most of it rustls and ring.
-//! Nothing stays allocated between requests: the connection, its TLS state and buffers go when
-//! the request's read returns.
+//! Measured (release profile, stripped): with the client, its TLS stack and the wiring,
+//! `containerd-shim-kata-topo-v2` is 5,144,184 bytes against 3,792,496 before (+1.29 MiB:
+//! rustls, ring, webpki and serde_yaml for the kubeconfig). A process's proportional set size
+//! grows by 524 KiB with its first read (the client's and the TLS stack's code paged in, the
+//! allocator's arenas) and by 548 KiB after a hundred more: nothing stays allocated between
+//! reads (`examples/pss.rs`). A node's read over TLS on the loopback takes 0.4 ms at the
+//! median. `docs/kubernetes.md` ("Node affinity") has the details.
 
 #![forbid(unsafe_code)]
 

@@ -14,8 +14,11 @@
 #   guest.sh --list-steps   the step names, one a line (the host's report lists them all)
 set -euo pipefail
 
+# shellcheck source=integration/k8s-test/steps-affinity.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps-affinity.sh"
+
 STEPS=(node guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
-  kubelet-containerd-restart pool-grows kubelet-stopped cleanup)
+  kubelet-containerd-restart pool-grows kubelet-stopped "${AFFINITY_STEPS[@]}" cleanup)
 
 if [ "${1:-}" = --list-steps ]; then
   printf '%s\n' "${STEPS[@]}"
@@ -64,8 +67,12 @@ start_containerd() {
   poll 120 ctr -a "${sock}" version
 }
 
+# The wrapper reads the node's labels with the kubelet's credentials: a root-only copy of the
+# kubelet's kubeconfig (the results share's file is the host's; /etc is the host's read-only).
+api_timeout_ms=2000
 setup_containerd() {
   ln -sf "${bin}/containerd-shim-kata-topo-v2" "${run}/bin/containerd-shim-kata-topo-v2" || return 1
+  install -m 0600 "${results}/k8s/kubelet.kubeconfig" "${run}/kubelet.kubeconfig" || return 1
   cat > "${run}/kata-topo.toml" << EOF
 [topology_guard]
 delegate_shim = "containerd-shim-runc-v2"
@@ -81,6 +88,13 @@ topology_refresh_seconds = 5
 # hundreds of milliseconds (a real node's, in under 2): the longest wait allowed, not the
 # default 100 ms.
 kubelet_timeout_ms = 2000
+# The node's labels and the pods' node affinity from the API server on the host, with the
+# kubelet's credentials, for the node the kubelet registered (--hostname-override). Under TCG a
+# TLS handshake and two GETs through QEMU's relay take tens to hundreds of milliseconds: the
+# same 2 s as the kubelet's.
+kubeconfig = "${run}/kubelet.kubeconfig"
+node_name = "${node}"
+api_timeout_ms = ${api_timeout_ms}
 EOF
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
   # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x.
@@ -565,7 +579,9 @@ step_kubelet_stopped() {
 # retried by the kubelet all along (about once a second), was announced once.
 step_cleanup() {
   local once retries left=""
-  once=$(tail -n "+$((enforce_mark + 1))" "${log}" \
+  # Counted up to the API server's outage of affinity-api-unreachable (kt-enforce's retries
+  # read the node too; the outage's warning is news for its verdict).
+  once=$(tail -n "+$((enforce_mark + 1))" "${log}" | head -n "$((${affinity_outage_mark:-$(log_mark)} - enforce_mark))" \
     | jq -R -r 'fromjson? | select(.event == "finding" and .pod_name == "kt-enforce" and .class == "resize") | .rule' | wc -l)
   retries=$(grep -c 'UpdateContainerResources from runtime service failed.*kt-enforce.*memory-exceeds-nodes' "${results}/kubelet.log" || true)
   k delete pods --all --wait=true --timeout=180s > /dev/null 2>&1 || true
@@ -614,6 +630,7 @@ main() {
   step_kubelet_containerd_restart || true
   step_pool_grows || true
   step_kubelet_stopped || true
+  run_affinity_steps
   step_cleanup || true
   fail_rest "the step ended without recording a result"
   for p in "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
