@@ -69,7 +69,7 @@ start_containerd() {
 
 # The wrapper reads the node's labels with the kubelet's credentials: a root-only copy of the
 # kubelet's kubeconfig (the results share's file is the host's; /etc is the host's read-only).
-api_timeout_ms=2000
+api_timeout_ms=5000
 setup_containerd() {
   ln -sf "${bin}/containerd-shim-kata-topo-v2" "${run}/bin/containerd-shim-kata-topo-v2" || return 1
   install -m 0600 "${results}/k8s/kubelet.kubeconfig" "${run}/kubelet.kubeconfig" || return 1
@@ -90,8 +90,9 @@ topology_refresh_seconds = 5
 kubelet_timeout_ms = 2000
 # The node's labels and the pods' node affinity from the API server on the host, with the
 # kubelet's credentials, for the node the kubelet registered (--hostname-override). Under TCG a
-# TLS handshake and two GETs through QEMU's relay take tens to hundreds of milliseconds: the
-# same 2 s as the kubelet's.
+# TLS handshake and a GET through QEMU's relay (a process started on the host per connection)
+# take hundreds of milliseconds, and over 2 s for a pod's first two reads when other builds load
+# the host: the longest wait allowed.
 kubeconfig = "${run}/kubelet.kubeconfig"
 node_name = "${node}"
 api_timeout_ms = ${api_timeout_ms}
