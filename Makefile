@@ -52,6 +52,7 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-devi
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record \
+	installer-image \
 	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
@@ -75,6 +76,7 @@ help:
 	@echo "make soak   - 10,000 updates through the wrapper: RSS, threads and fds before and after"
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
+	@echo "make installer-image - the DaemonSet installer's image (deploy/installer/), to import on each node"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
 	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
@@ -296,6 +298,15 @@ uninstall:
 	rm -rf $(DESTDIR)$(SHARE_DIR)
 	-rmdir -p --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(KATA_CONFIG_DIR) \
 	  $(dir $(DESTDIR)$(SHARE_DIR)) 2>/dev/null
+
+# The installer's image (deploy/installer/, docs/installer.md): busybox, make k8s's kubectl, the
+# installer and the release binaries, as target/kata-topo-images/installer-$(INSTALLER_VERSION).tar
+# (localhost/kata-topo/installer:$(INSTALLER_VERSION)), for `ctr -n k8s.io images import` on
+# each node. The version is the workspace's unless given.
+INSTALLER_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+installer-image: deps build-release k8s
+	bash integration/images/build.sh --installer $(INSTALLER_VERSION) target/release \
+	  "$$(bash k8s/build.sh 2> /dev/null | tail -n 1)/kubectl" target/kata-topo-images
 
 # The end-to-end environment with real Kata (needs Vagrant with libvirt or VirtualBox and
 # nested virtualisation; see vagrant/Vagrantfile).
