@@ -71,6 +71,7 @@ if [ -n "$installer_version" ]; then
   payload=$root/opt/kata-topo-payload
   mkdir -p "$payload/bin" "$payload/share/node-problem-detector" "$root/usr/local/bin" "$common/run"
   printf '%s\n' "$installer_version" > "$work/version"
+  printf '%s' "$installer_version" > "$work/section"
   add_libs() { # ELF: the shared libraries it links, at their paths
     local lib
     for lib in $(ldd "$1" 2> /dev/null | grep -o '/[^ ]*'); do
@@ -79,7 +80,7 @@ if [ -n "$installer_version" ]; then
   }
   for b in containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin; do
     [ -x "$installer_bins/$b" ] || { echo "build.sh: no $installer_bins/$b" >&2; exit 1; }
-    objcopy --strip-debug --add-section .kata_topo_image="$work/version" "$installer_bins/$b" "$payload/bin/$b"
+    objcopy --strip-debug --add-section .kata_topo_image="$work/section" "$installer_bins/$b" "$payload/bin/$b"
     add_libs "$payload/bin/$b"
   done
   ln -s /opt/kata-topo-payload/bin/kata-topo-device-plugin "$root/usr/local/bin/kata-topo-device-plugin"

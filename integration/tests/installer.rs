@@ -104,6 +104,14 @@ impl Node {
             .env("KATA_TOPO_KUBECTL", self.path("stub/kubectl"))
             .env("KATA_TOPO_HOST_EXEC", " ")
             .env(
+                "KATA_TOPO_CONTAINERD_DUMP",
+                format!(
+                    "{} --config {} config dump",
+                    ContainerdBin::get().containerd().display(),
+                    self.path("host/etc/containerd/config.toml").display()
+                ),
+            )
+            .env(
                 "KATA_TOPO_RESTART_CONTAINERD",
                 format!("echo restart >> {}", self.path("restarts").display()),
             )
@@ -175,7 +183,22 @@ fn text(o: &Output) -> String {
 
 const WITH_IMPORTS: &str = "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n";
 
-/// The handler the installer writes for the containerd under test, loaded by that containerd.
+/// The operator's CRI settings in a main configuration of VERSION.
+fn operators_cri(version: u32) -> &'static str {
+    if version == 3 {
+        "[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"example.org/pause:9\"\n\
+         [plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"fast\"\n\
+         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.fast]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+    } else {
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"example.org/pause:9\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"fast\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.fast]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+    }
+}
+
+/// The handler the installer writes for the containerd under test, loaded by that containerd
+/// beside the operator's CRI settings, which stay in force (containerd 1.x replaces a plugin's
+/// whole section with an import's: the handler's file carries the section as it was).
 #[test]
 fn the_handler_loads_in_the_real_containerd_and_a_second_install_changes_nothing() {
     let bins = ContainerdBin::get();
@@ -185,7 +208,8 @@ fn the_handler_loads_in_the_real_containerd_and_a_second_install_changes_nothing
         (2, "1.6.20~ds1")
     };
     let node = Node::new(&format!(
-        "version = {version}\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n"
+        "version = {version}\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n{}",
+        operators_cri(version)
     ));
     let out = node.run("install", containerd);
     assert!(
@@ -214,9 +238,10 @@ fn the_handler_loads_in_the_real_containerd_and_a_second_install_changes_nothing
     std::fs::write(
         &main,
         format!(
-            "version = {version}\nroot = \"{0}/root\"\nstate = \"{0}/state\"\nimports = [\"{1}\"]\n",
+            "version = {version}\nroot = \"{0}/root\"\nstate = \"{0}/state\"\nimports = [\"{1}\"]\n{2}",
             node.dir.path().display(),
-            dropin.display()
+            dropin.display(),
+            operators_cri(version)
         ),
     )
     .expect("config");
@@ -246,6 +271,18 @@ fn the_handler_loads_in_the_real_containerd_and_a_second_install_changes_nothing
         rt["options"]["ConfigPath"].as_str(),
         Some("/opt/kata-topo/share/configuration-kata-topo.toml")
     );
+    let containerd_table = &dump["plugins"][plugin]["containerd"];
+    assert_eq!(
+        containerd_table["default_runtime_name"].as_str(),
+        Some("fast")
+    );
+    assert!(containerd_table["runtimes"]["fast"].is_table());
+    let sandbox = if version == 3 {
+        &dump["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"]
+    } else {
+        &dump["plugins"][plugin]["sandbox_image"]
+    };
+    assert_eq!(sandbox.as_str(), Some("example.org/pause:9"));
 
     let before = node.files();
     let again = node.run("install", containerd);
