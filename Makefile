@@ -247,6 +247,9 @@ test: deps lint alerts-test unit integration vm-test k8s-test
 # containerd 2.3.4 from its archive (when it is there), then each directory of
 # BENCH_CONTAINERD_BINS (containerd, ctr, containerd-shim-runc-v2 and runc inside).
 # KT_BENCH_ROUNDS, KT_BENCH_CRI_ROUNDS, KT_BENCH_STATE_CALLS and KT_BENCH_COLD=1 tune it.
+# Then the node-scale section once, on Debian's containerd: KT_BENCH_PODS pods per handler
+# (default 100; KT_BENCH_PODS=20 for a quick check), KT_BENCH_PARALLEL at a time (10),
+# KT_BENCH_IDLE_SECONDS of idle measured (60).
 BENCH_CONTAINERD_BINS ?= $(if $(wildcard $(CONTAINERD2_ARCHIVE)),$(CONTAINERD2_BIN))
 bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	$(CARGO) bench -p kata-topo-core --locked --bench check
@@ -257,6 +260,8 @@ bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	  KT_CONTAINERD_BIN=$$(realpath "$$d") KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
 	    $(CARGO) bench -p kata-topo-integration --locked --bench shim || exit 1; \
 	done
+	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
+	  $(CARGO) bench -p kata-topo-integration --locked --bench node
 
 demo: deps build-all
 ifeq ($(strip $(CONTAINERD_BIN)),)
