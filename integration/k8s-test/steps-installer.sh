@@ -15,7 +15,9 @@
 # admission plugin would (the projected API token, with the kube-root-ca.crt ConfigMap). The
 # overlay points the installer at the guest's paths: containerd's configuration and the
 # directory it imports under /run (the guest's /etc is the host's, read-only), its supervisor's
-# restart command, and the API server's forwarded address.
+# restart command, and the API server's forwarded address. The delegate here is runc, whose shim
+# refuses Kata's runtime options: the handler passes no ConfigPath, and the installed wrapper
+# reads the configuration containerd's environment names (KATA_TOPO_CONFIG, the guest's).
 # shellcheck disable=SC2154,SC2034 # installer_steps is guest.sh's to use; run, results, ws, node, sock, bin, state, k8s, plugin_pid are guest.sh's
 set -euo pipefail
 
@@ -98,6 +100,7 @@ patches:
                   - {name: KATA_TOPO_SHIM_LINK_DIR, value: ${run}/bin}
                   - {name: KATA_TOPO_NPD_DIR, value: ${run}/npd/kata-topo}
                   - {name: KATA_TOPO_RESTART_CONTAINERD, value: ${run}/restart-containerd}
+                  - {name: KATA_TOPO_CONFIG_PATH_OPTION, value: "false"}
                   - {name: KUBERNETES_SERVICE_HOST, value: 10.0.2.100}
                   - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
                 volumeMounts:
