@@ -344,7 +344,7 @@ step_installer_removal() {
   k -n kube-system delete daemonset kata-topo-installer kata-topo-device-plugin > /dev/null 2>&1 || true
   inst_delete_pods "${inst_current}" "${inst_plugin}"
   # The guest's device plugin back (its socket is one of the node's files compared).
-  inst_restore
+  inst_restore_plugin
   poll 60 test -S "${kubelet_root}/device-plugins/kata-topo-vfio.sock" || true
   k delete -k "${inst_dir}" --ignore-not-found > /dev/null 2>&1 || true
   k -n kube-system delete configmap kube-root-ca.crt > /dev/null 2>&1 || true
@@ -374,6 +374,9 @@ inst_restore() {
   if [ -n "${inst_their_label}" ]; then
     k label node "${node}" "kata-topo.io/installed=${inst_their_label}" --overwrite > /dev/null || true
   fi
+  inst_restore_plugin
+}
+inst_restore_plugin() {
   if [ -z "${plugin_pid}" ]; then
     "${bin}/kata-topo-device-plugin" --device-plugin-dir "${kubelet_root}/device-plugins" \
       < /dev/null >> "${results}/device-plugin.log" 2>&1 &
