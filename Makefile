@@ -52,6 +52,7 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-devi
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record \
+	installer-image \
 	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
 	clean vmlinux
@@ -75,6 +76,7 @@ help:
 	@echo "make soak   - 10,000 updates through the wrapper: RSS, threads and fds before and after"
 	@echo "make fuzz   - the property tests with FUZZ_CASES (default 100000) cases each"
 	@echo "make install [PREFIX=/usr/local] [DESTDIR=] / make uninstall"
+	@echo "make installer-image - the DaemonSet installer's image (deploy/installer/), to import on each node"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
 	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
@@ -214,7 +216,7 @@ k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2
 	legs="k8s-test:"; [ -x $(CONTAINERD2_BIN)/containerd ] && legs="$$legs k8s-test-containerd2:$(CONTAINERD2_BIN)"; \
 	for leg in $$legs; do \
 	  name=$${leg%%:*}; cbin=$${leg#*:}; \
-	  timed "$$name" "KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-1200} \
+	  timed "$$name" "KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-1800} \
 	    bash integration/vm-test/run.sh k8s-test" || rc=1; \
 	  passed=$$(( passed + $$(jq -r '.passed // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
 	  total=$$(( total + $$(jq -r '.total // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
@@ -245,6 +247,9 @@ test: deps lint alerts-test unit integration vm-test k8s-test
 # containerd 2.3.4 from its archive (when it is there), then each directory of
 # BENCH_CONTAINERD_BINS (containerd, ctr, containerd-shim-runc-v2 and runc inside).
 # KT_BENCH_ROUNDS, KT_BENCH_CRI_ROUNDS, KT_BENCH_STATE_CALLS and KT_BENCH_COLD=1 tune it.
+# Then the node-scale section once, on Debian's containerd: KT_BENCH_PODS pods per handler
+# (default 100; KT_BENCH_PODS=20 for a quick check), KT_BENCH_PARALLEL at a time (10),
+# KT_BENCH_IDLE_SECONDS of idle measured (60).
 BENCH_CONTAINERD_BINS ?= $(if $(wildcard $(CONTAINERD2_ARCHIVE)),$(CONTAINERD2_BIN))
 bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	$(CARGO) bench -p kata-topo-core --locked --bench check
@@ -255,6 +260,8 @@ bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	  KT_CONTAINERD_BIN=$$(realpath "$$d") KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
 	    $(CARGO) bench -p kata-topo-integration --locked --bench shim || exit 1; \
 	done
+	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
+	  $(CARGO) bench -p kata-topo-integration --locked --bench node
 
 demo: deps build-all
 ifeq ($(strip $(CONTAINERD_BIN)),)
@@ -296,6 +303,15 @@ uninstall:
 	rm -rf $(DESTDIR)$(SHARE_DIR)
 	-rmdir -p --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(KATA_CONFIG_DIR) \
 	  $(dir $(DESTDIR)$(SHARE_DIR)) 2>/dev/null
+
+# The installer's image (deploy/installer/, docs/installer.md): busybox, make k8s's kubectl, the
+# installer and the release binaries, as target/kata-topo-images/installer-$(INSTALLER_VERSION).tar
+# (localhost/kata-topo/installer:$(INSTALLER_VERSION)), for `ctr -n k8s.io images import` on
+# each node. The version is the workspace's unless given.
+INSTALLER_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+installer-image: deps build-release k8s
+	bash integration/images/build.sh --installer $(INSTALLER_VERSION) target/release \
+	  "$$(bash k8s/build.sh 2> /dev/null | tail -n 1)/kubectl" target/kata-topo-images
 
 # The end-to-end environment with real Kata (needs Vagrant with libvirt or VirtualBox and
 # nested virtualisation; see vagrant/Vagrantfile).

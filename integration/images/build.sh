@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Builds the two OCI image archives the tests and the demo import into containerd, from Debian's
-# busybox-static (no registry is reachable): a pause image and a busybox image.
+# Builds the OCI image archives the tests and the demo import into containerd, from Debian's
+# busybox-static (no registry is reachable): a pause image and a busybox image; with
+# --installer, the installer's image (deploy/installer/): busybox, kubectl, the installer and
+# kata-topo's binaries with the libraries they link.
 #   build.sh OUTDIR   ->  OUTDIR/pause.tar (localhost/kata-topo/pause:1)
 #                         OUTDIR/busybox.tar (localhost/kata-topo/busybox:1)
+#   build.sh --installer VERSION BINDIR KUBECTL OUTDIR
+#                     ->  OUTDIR/installer-VERSION.tar (localhost/kata-topo/installer:VERSION)
+# The installer image strips the binaries' debug information and stamps VERSION into each as
+# the ELF section .kata_topo_image: two images of one build differ as two releases would.
 set -euo pipefail
+installer_version=""
+if [ "${1:-}" = --installer ]; then
+  [ $# = 5 ] || { echo "usage: build.sh --installer VERSION BINDIR KUBECTL OUTDIR" >&2; exit 2; }
+  installer_version=$2 installer_bins=$3 installer_kubectl=$4
+  shift 4
+fi
 out=${1:?usage: build.sh OUTDIR}
 busybox=${BUSYBOX:-/bin/busybox}
 [ -x "$busybox" ] || { echo "build.sh: $busybox missing (apt-get install busybox-static)" >&2; exit 1; }
@@ -21,32 +33,72 @@ done
 echo "root:x:0:0:root:/:/bin/sh" > "$root/etc/passwd"
 layer=$work/layer.tar
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf "$layer" .
-layer_sha=$(sha256sum "$layer" | cut -d' ' -f1)
-layer_size=$(stat -c %s "$layer")
 
-image() { # name ref entrypoint-json
-  local name=$1 ref=$2 entry=$3 dir=$work/$1
+image() { # name ref entrypoint-json layer.tar...
+  local name=$1 ref=$2 entry=$3 dir=$work/$1 l sha diff_ids="" layers=""
+  shift 3
   mkdir -p "$dir/blobs/sha256"
-  cp "$layer" "$dir/blobs/sha256/$layer_sha"
-  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":%s,"WorkingDir":"/","Env":["PATH=/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-    "$entry" "$layer_sha" > "$dir/config.json"
+  for l in "$@"; do
+    sha=$(sha256sum "$l" | cut -d' ' -f1)
+    cp "$l" "$dir/blobs/sha256/$sha"
+    diff_ids="$diff_ids${diff_ids:+,}\"sha256:$sha\""
+    layers="$layers${layers:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$sha\",\"size\":$(stat -c %s "$l")}"
+  done
+  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":%s,"WorkingDir":"/","Env":["PATH=/bin"]},"rootfs":{"type":"layers","diff_ids":[%s]}}' \
+    "$entry" "$diff_ids" > "$dir/config.json"
   local cfg_sha cfg_size
   cfg_sha=$(sha256sum "$dir/config.json" | cut -d' ' -f1)
   cfg_size=$(stat -c %s "$dir/config.json")
   mv "$dir/config.json" "$dir/blobs/sha256/$cfg_sha"
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-    "$cfg_sha" "$cfg_size" "$layer_sha" "$layer_size" > "$dir/manifest.json"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
+    "$cfg_sha" "$cfg_size" "$layers" > "$dir/manifest.json"
   local man_sha man_size
   man_sha=$(sha256sum "$dir/manifest.json" | cut -d' ' -f1)
   man_size=$(stat -c %s "$dir/manifest.json")
   mv "$dir/manifest.json" "$dir/blobs/sha256/$man_sha"
   printf '{"imageLayoutVersion":"1.0.0"}' > "$dir/oci-layout"
-  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"1"}}]}' \
-    "$man_sha" "$man_size" "$ref" > "$dir/index.json"
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+    "$man_sha" "$man_size" "$ref" "${ref##*:}" > "$dir/index.json"
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$out/$name.tar" oci-layout index.json blobs
 }
 
+if [ -n "$installer_version" ]; then
+  ws=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  # Two layers over busybox's: kubectl and the shared libraries (the same for every version,
+  # stored once on a node), then kata-topo's own files.
+  common=$work/common
+  root=$work/installer
+  payload=$root/opt/kata-topo-payload
+  mkdir -p "$payload/bin" "$payload/share/node-problem-detector" "$root/usr/local/bin" "$common/run"
+  printf '%s\n' "$installer_version" > "$work/version"
+  printf '%s' "$installer_version" > "$work/section"
+  add_libs() { # ELF: the shared libraries it links, at their paths
+    local lib
+    for lib in $(ldd "$1" 2> /dev/null | grep -o '/[^ ]*'); do
+      [ -e "$common$lib" ] || install -D -m 0755 "$lib" "$common$lib"
+    done
+  }
+  for b in containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin; do
+    [ -x "$installer_bins/$b" ] || { echo "build.sh: no $installer_bins/$b" >&2; exit 1; }
+    objcopy --strip-debug --add-section .kata_topo_image="$work/section" "$installer_bins/$b" "$payload/bin/$b"
+    add_libs "$payload/bin/$b"
+  done
+  ln -s /opt/kata-topo-payload/bin/kata-topo-device-plugin "$root/usr/local/bin/kata-topo-device-plugin"
+  install -D -m 0755 "$installer_kubectl" "$common/bin/kubectl"
+  add_libs "$common/bin/kubectl"
+  install -m 0755 "$ws/deploy/installer/kata-topo-installer" "$payload/kata-topo-installer"
+  install -m 0644 "$ws/configuration-kata.toml" "$payload/share/configuration-kata-topo.toml"
+  install -m 0644 "$ws"/deploy/node-problem-detector/*.json "$payload/share/node-problem-detector/"
+  cp "$work/version" "$payload/VERSION"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$common" -cf "$work/common.tar" .
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf "$work/installer.tar" .
+  image "installer-$installer_version" "localhost/kata-topo/installer:$installer_version" \
+    '["/bin/sh","/opt/kata-topo-payload/kata-topo-installer","install"]' "$layer" "$work/common.tar" "$work/installer.tar"
+  echo "built $out/installer-$installer_version.tar"
+  exit 0
+fi
+
 # The pause container sleeps until told to stop.
-image pause localhost/kata-topo/pause:1 '["/bin/sh","-c","trap \"exit 0\" TERM INT; while :; do sleep 3600 & wait $!; done"]'
-image busybox localhost/kata-topo/busybox:1 '["/bin/sh"]'
+image pause localhost/kata-topo/pause:1 '["/bin/sh","-c","trap \"exit 0\" TERM INT; while :; do sleep 3600 & wait $!; done"]' "$layer"
+image busybox localhost/kata-topo/busybox:1 '["/bin/sh"]' "$layer"
 echo "built $out/pause.tar $out/busybox.tar"

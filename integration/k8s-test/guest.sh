@@ -16,9 +16,11 @@ set -euo pipefail
 
 # shellcheck source=integration/k8s-test/steps-affinity.sh
 . "$(dirname "${BASH_SOURCE[0]}")/steps-affinity.sh"
+# shellcheck source=integration/k8s-test/steps-installer.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps-installer.sh"
 
 STEPS=(node guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
-  kubelet-containerd-restart pool-grows kubelet-stopped "${AFFINITY_STEPS[@]}" cleanup)
+  kubelet-containerd-restart pool-grows kubelet-stopped "${installer_steps[@]}" "${AFFINITY_STEPS[@]}" cleanup)
 
 if [ "${1:-}" = --list-steps ]; then
   printf '%s\n' "${STEPS[@]}"
@@ -59,12 +61,43 @@ setup_network() {
   fi
 }
 
+# containerd runs under a supervisor, as systemd's Restart=always would: when containerd ends
+# it is started again. restart-containerd (the node's restart command, which the installer
+# runs on the host) stops it and returns once the next one serves; TERM to the supervisor
+# stops both.
 containerd_pid=""
 start_containerd() {
-  PATH="${run}/bin:${PATH}" KATA_TOPO_CONFIG="${run}/kata-topo.toml" \
-    containerd --config "${run}/containerd.toml" < /dev/null >> "${results}/containerd.log" 2>&1 &
+  (
+    child=""
+    trap 'kill -TERM "${child}" 2> /dev/null; wait "${child}" 2> /dev/null; exit 0' TERM
+    while :; do
+      PATH="${run}/bin:${PATH}" KATA_TOPO_CONFIG="${run}/kata-topo.toml" \
+        containerd --config "${run}/containerd.toml" < /dev/null >> "${results}/containerd.log" 2>&1 &
+      child=$!
+      echo "${child}" > "${run}/containerd.pid"
+      wait "${child}" || true
+      sleep 0.2
+    done
+  ) &
   containerd_pid=$!
   poll 120 ctr -a "${sock}" version
+}
+
+write_restart_containerd() {
+  cat > "${run}/restart-containerd" << EOF
+#!/bin/sh
+# Restarts the supervised containerd; returns once the next one serves.
+old=\$(cat ${run}/containerd.pid)
+kill -TERM "\${old}" || exit 1
+for _ in \$(seq 1 240); do
+  new=\$(cat ${run}/containerd.pid)
+  if [ "\${new}" != "\${old}" ] && $(command -v ctr) -a ${sock} version > /dev/null 2>&1; then exit 0; fi
+  sleep 0.5
+done
+echo "containerd did not come back" >&2
+exit 1
+EOF
+  chmod 0755 "${run}/restart-containerd"
 }
 
 # The wrapper reads the node's labels with the kubelet's credentials: a root-only copy of the
@@ -98,10 +131,12 @@ node_name = "${node}"
 api_timeout_ms = ${api_timeout_ms}
 EOF
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
-  # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x.
+  # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x. It
+  # imports a directory, where the installer's steps drop their handler.
   if [ -n "${containerd_bin}" ]; then
     cat > "${run}/containerd.toml" << EOF
 version = 3
+imports = ["${run}/containerd.d/*.toml"]
 root = "/var/lib/containerd"
 state = "/run/containerd"
 [grpc]
@@ -129,6 +164,7 @@ EOF
   else
     cat > "${run}/containerd.toml" << EOF
 version = 2
+imports = ["${run}/containerd.d/*.toml"]
 root = "/var/lib/containerd"
 state = "/run/containerd"
 [grpc]
@@ -154,6 +190,7 @@ state = "/run/containerd"
       pod_annotations = ["kata-topo.io/*"]
 EOF
   fi
+  write_restart_containerd
   start_containerd || { setup_error="containerd did not come up: $(tail -n 3 "${results}/containerd.log")"; return 1; }
   local image
   for image in pause busybox; do
@@ -631,6 +668,7 @@ main() {
   step_kubelet_containerd_restart || true
   step_pool_grows || true
   step_kubelet_stopped || true
+  installer_run_steps || true
   run_affinity_steps
   step_cleanup || true
   fail_rest "the step ended without recording a result"

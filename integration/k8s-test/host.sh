@@ -132,6 +132,7 @@ scenario_up() {
     --listen-client-url "http://127.0.0.1:${etcd_port}" --listen-peer-url "http://127.0.0.1:${peer_port}" \
     < /dev/null > "${control}/etcd.log" 2>&1 &
   etcd_pid=$!
+  # Privileged containers allowed, as kubeadm's clusters do: the installer's DaemonSet is one.
   setpriv --pdeathsig KILL "${k8s_bin}/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:${etcd_port}" \
     --bind-address 127.0.0.1 --secure-port "${api_port}" --advertise-address 10.0.2.100 \
@@ -140,7 +141,7 @@ scenario_up() {
     --authorization-mode Node,RBAC --disable-admission-plugins ServiceAccount \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "${pki}/sa.pub" --service-account-signing-key-file "${pki}/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/24 --profiling=false \
+    --service-cluster-ip-range 10.96.0.0/24 --profiling=false --allow-privileged=true \
     < /dev/null > "${control}/kube-apiserver.log" 2>&1 &
   apiserver_pid=$!
   kubeconfig "https://127.0.0.1:${api_port}" "${admin_token}" "${pki}/ca.crt" > "${control}/admin.kubeconfig"
@@ -159,6 +160,17 @@ scenario_up() {
   kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
   cp "${pki}/ca.crt" "${out}/guest/k8s/ca.crt"
   printf '%s\n' "${containerd_bin}" > "${out}/guest/k8s/containerd-bin"
+  # The installer's image in two versions (integration/k8s-test/steps-installer.sh upgrades
+  # from the first to the second): the workspace's version, and the same build stamped -next.
+  local version v
+  version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "${workspace}/Cargo.toml" | head -n 1)
+  : > "${out}/guest/k8s/installer-versions"
+  for v in "${version}" "${version}-next"; do
+    bash "${workspace}/integration/images/build.sh" --installer "${v}" "${workspace}/target/debug" \
+      "${k8s_bin}/kubectl" "${workspace}/target/kata-topo-images" > /dev/null \
+      || die "building the installer's image ${v} failed"
+    echo "${v}" >> "${out}/guest/k8s/installer-versions"
+  done
   "${k8s_bin}/etcd" --version > "${out}/guest/k8s/etcd.version" 2>&1 || true
   "${k8s_bin}/kube-apiserver" --version > "${out}/guest/k8s/kube-apiserver.version" 2>&1 || true
   say "etcd and kube-apiserver up on the host's loopback in $(($(date +%s) - started_up)) s"
