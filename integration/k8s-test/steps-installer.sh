@@ -274,17 +274,17 @@ step_installer_pod() {
   inst_daemon=$(inst_daemon_of kti-app || true)
   exe=$(readlink "/proc/${inst_daemon:-0}/exe" 2> /dev/null || true)
   inst_daemon_inode=$(stat -L -c %i "/proc/${inst_daemon:-0}/exe" 2> /dev/null || true)
-  # The container's create was checked (the CPU manager's cpuset push may follow at once: the
-  # latest verdict can be an update).
-  local created=no
-  poll 30 has_verdict kti-app '.operation == "create"' && created=yes
+  # The wrapper checked the container: its state keeps the latest verdict of each task (the
+  # create's, or the CPU manager's cpuset push that follows it at once).
+  poll 30 has_verdict kti-app '.operation == "create" or .operation == "update"' || true
   v=$(verdict_of kti-app)
   local detail
-  detail="kubectl: kti-app (runtimeClassName ${inst_handler}) ready; its wrapper daemon ${inst_daemon:-none} runs ${exe:-?} (inode ${inst_daemon_inode:-?}); the wrapper's state: a create verdict ${created}, the latest $(jq -c '{operation, decision, findings: [.findings[].rule]}' <<< "${v:-null}")"
-  if [ "${exe}" = /opt/kata-topo/bin/containerd-shim-kata-topo-v2 ] && [ "${created}" = yes ]; then
+  detail="kubectl: kti-app (runtimeClassName ${inst_handler}) ready; its wrapper daemon ${inst_daemon:-none} runs ${exe:-?} (inode ${inst_daemon_inode:-?}); the wrapper's latest verdict for it: $(jq -c '{operation, decision, findings: [.findings[].rule]}' <<< "${v:-null}")"
+  if [ "${exe}" = /opt/kata-topo/bin/containerd-shim-kata-topo-v2 ] && [ -n "${v}" ] \
+    && jq -e '.operation == "create" or .operation == "update"' <<< "${v}" > /dev/null; then
     record installer-pod true "" "${detail}"
   else
-    record installer-pod false "" "expected kti-app's sandbox served by the installed wrapper, with a create verdict: ${detail}"
+    record installer-pod false "" "expected kti-app's sandbox served by the installed wrapper, with its verdict in the wrapper's state: ${detail}"
   fi
 }
 
