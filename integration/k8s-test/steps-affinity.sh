@@ -1,8 +1,9 @@
-# shellcheck shell=bash
+#!/usr/bin/env bash
 # k8s-test's node-affinity steps, sourced by guest.sh: a pod's required node affinity on a node
 # label, the node relabelled with kubectl under it, and what the wrapper says at its next
 # resize — against the API server on the host, read with the kubelet's own credentials.
 # shellcheck disable=SC2154,SC2034 # the node, kubectl and the paths are guest.sh's and guest-lib.sh's; AFFINITY_STEPS is guest.sh's to use
+set -euo pipefail
 
 # The wrapper's log line count when affinity-api-unreachable took the API server away.
 affinity_outage_mark=""
