@@ -615,11 +615,14 @@ step_kubelet_stopped() {
 
 # (g) Every pod deleted with kubectl: nothing left. Also: the enforce pod's refused resize,
 # retried by the kubelet all along (about once a second), was announced once.
+relabel_mark=""
 step_cleanup() {
   local once retries left=""
-  # Counted up to the API server's outage of affinity-api-unreachable (kt-enforce's retries
-  # read the node too; the outage's warning is news for its verdict).
-  once=$(tail -n "+$((enforce_mark + 1))" "${log}" | head -n "$((${affinity_outage_mark:-$(log_mark)} - enforce_mark))" \
+  # Counted up to the steps that change the node's labels (the installer's and the node
+  # affinity's): kt-enforce's retries read the node too, and its RuntimeClass's scheduling put
+  # kata-topo.io/installed in its nodeSelector, so each relabelling, and the API server's
+  # outage, changes its verdict, which is news.
+  once=$(tail -n "+$((enforce_mark + 1))" "${log}" | head -n "$((${relabel_mark:-$(log_mark)} - enforce_mark))" \
     | jq -R -r 'fromjson? | select(.event == "finding" and .pod_name == "kt-enforce" and .class == "resize") | .rule' | wc -l)
   retries=$(grep -c 'UpdateContainerResources from runtime service failed.*kt-enforce.*memory-exceeds-nodes' "${results}/kubelet.log" || true)
   k delete pods --all --wait=true --timeout=180s > /dev/null 2>&1 || true
@@ -668,6 +671,7 @@ main() {
   step_kubelet_containerd_restart || true
   step_pool_grows || true
   step_kubelet_stopped || true
+  relabel_mark=$(log_mark)
   installer_run_steps || true
   run_affinity_steps
   step_cleanup || true
