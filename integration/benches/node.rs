@@ -19,10 +19,13 @@
 //! of a core, start p95 ratio <= 1.10. `KT_BENCH_PODS=20` is a quick check. Uses the release
 //! binaries (`make bench` builds them).
 
+mod stats;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{Containerd, Cri, Guard, Resources};
+use stats::{ms, percentile};
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -30,16 +33,6 @@ fn knob(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .filter(|v| *v > 0)
         .unwrap_or(default)
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 fn loadavg() -> String {

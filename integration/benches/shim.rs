@@ -23,6 +23,8 @@
 //! `KT_BENCH_STATE_CALLS` (6000), `KT_BENCH_SAMPLES=FILE` (every sample, as CSV). Uses the
 //! release binaries (`make bench` builds them).
 
+mod stats;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,7 @@ use kata_topo_integration::{Containerd, Guard, Resources, BUSYBOX};
 use kata_topo_proto::containerd::task::v2::StateRequest;
 use kata_topo_proto::wire::{Client, TASK_V2, TASK_V3};
 use prost::Message;
+use stats::{ms, percentile};
 
 const KT: &str = "io.containerd.kata-topo.v2";
 const RUNC: &str = "io.containerd.runc.v2";
@@ -40,16 +43,6 @@ fn knob(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 fn us(d: Duration) -> f64 {
