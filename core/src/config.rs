@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::host::TopologySource;
-use crate::kubelet::IntentSource;
+use crate::input::kubelet::IntentSource;
 use crate::{Defaults, Mode, PodOverrides, Policy};
 use serde::Deserialize;
 
@@ -142,7 +142,7 @@ pub struct Config {
     #[serde(default = "default_refresh")]
     pub topology_refresh_seconds: u64,
     /// Keep the live topology as hwloc XML under `state_dir`, shared by every pod of the node
-    /// and rediscovered when the machine changes (see [`crate::cache`]).
+    /// and rediscovered when the machine changes (see [`crate::host::cache`]).
     #[serde(default = "default_true")]
     pub topology_cache: bool,
     /// How far a pod's `kata-topo.io/*` annotations may move `mode`, `default_policy` and the
@@ -150,7 +150,7 @@ pub struct Config {
     #[serde(default)]
     pub pod_overrides: PodOverrides,
     /// Where a pod's intent comes from: `auto` (default: the kubelet when its socket
-    /// exists), `kubelet` or `annotations` ([`crate::kubelet::IntentSource`]).
+    /// exists), `kubelet` or `annotations` ([`crate::input::kubelet::IntentSource`]).
     #[serde(default)]
     pub intent_source: IntentSource,
     /// The kubelet's PodResources socket.

@@ -1,5 +1,7 @@
-//! kata-topo core: what the host is (hwloc, sysfs), what a pod wants (annotations, baseline),
-//! what a request asks (OCI spec, `LinuxResources`), and which rules that breaks.
+//! kata-topo core: what the host is ([`host`]: hwloc, sysfs, PCI, the topology cache), what
+//! the VM got ([`vm`]), what a request brings in from Kubernetes and containerd ([`input`]:
+//! the OCI spec, Kata's configuration and annotations, the kubelet, node affinity), and the
+//! check itself ([`check`]: phases, context, rule families, severity, verdict).
 //!
 //! No async runtime and no transport here: the shim, the hook and the CLI are thin layers over
 //! [`check::Checker`] and its one entry point per phase (`admit`, `recreate`, `update`,
@@ -7,30 +9,26 @@
 
 #![forbid(unsafe_code)]
 
-pub mod affinity;
-pub mod cache;
 pub mod check;
 pub mod config;
 pub mod digest;
 pub mod files;
 pub mod host;
 pub mod idset;
-pub mod intent;
-pub mod kata;
-pub mod kubelet;
-pub mod pci;
-pub mod policy;
+pub mod input;
 pub mod process;
-pub mod request;
-pub mod rule;
 pub mod state;
-pub mod sysfs;
 #[cfg(any(test, feature = "testing"))]
 pub mod testutil;
 pub mod text;
-pub mod verdict;
 pub mod vm;
 pub mod wait;
+
+// The paths these modules had before the core was grouped in folders, kept while the crates
+// that use them move to the new ones.
+pub use check::{intent, policy, rule, verdict};
+pub use host::{cache, pci, sysfs};
+pub use input::{affinity, kata, kubelet, spec as request};
 
 /// kata-topo's version and the git revision it was built from, as every binary prints it
 /// (`--version`) and as the topology cache's key includes it.
@@ -41,13 +39,13 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+pub use check::intent::Baseline;
+pub use check::policy::{Defaults, Mode, PodOverrides, Policy};
+pub use check::rule::{Finding, Rule, Severity};
+pub use check::verdict::{Decision, Operation, UpdateClass, Verdict};
 pub use check::{Checker, Overrides, Phase, Request, Running};
+pub use host::pci::Bdf;
+pub use host::sysfs::Sysfs;
 pub use host::{Host, Locality, TopologySource};
 pub use idset::IdSet;
-pub use intent::Baseline;
-pub use pci::Bdf;
-pub use policy::{Defaults, Mode, PodOverrides, Policy};
-pub use request::{ContainerSpec, Resources};
-pub use rule::{Finding, Rule, Severity};
-pub use sysfs::Sysfs;
-pub use verdict::{Decision, Operation, UpdateClass, Verdict};
+pub use input::spec::{ContainerSpec, Resources};

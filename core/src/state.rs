@@ -8,10 +8,10 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use crate::intent::Baseline;
+use crate::check::intent::Baseline;
+use crate::check::verdict::Verdict;
+use crate::input::spec::Resources;
 use crate::process::ProcessId;
-use crate::request::Resources;
-use crate::verdict::Verdict;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -30,7 +30,7 @@ pub struct TaskRecord {
     pub pid: Option<u32>,
 }
 
-/// The file of a pod's label baseline ([`crate::affinity::LabelBaseline`]).
+/// The file of a pod's label baseline ([`crate::input::affinity::LabelBaseline`]).
 const LABEL_BASELINE_FILE: &str = "node-labels.json";
 
 /// The file of a pod's [`DaemonRecord`].
@@ -192,12 +192,12 @@ impl GroupState {
     }
 
     /// The pod's label baseline: its node's labels at its first create, and its placement.
-    pub fn label_baseline(&self) -> io::Result<Option<crate::affinity::LabelBaseline>> {
+    pub fn label_baseline(&self) -> io::Result<Option<crate::input::affinity::LabelBaseline>> {
         read_json(&self.dir.join(LABEL_BASELINE_FILE))
     }
 
     /// Records the pod's label baseline.
-    pub fn save_label_baseline(&self, b: &crate::affinity::LabelBaseline) -> io::Result<()> {
+    pub fn save_label_baseline(&self, b: &crate::input::affinity::LabelBaseline) -> io::Result<()> {
         write_json(&self.dir.join(LABEL_BASELINE_FILE), b)
     }
 

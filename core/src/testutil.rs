@@ -5,7 +5,7 @@
 //! - [`SysfsTree`] lays out sysfs the way the kernel does (real directories under `devices/`,
 //!   symlinks from `bus/pci/devices`, `kernel/iommu_groups` and `class/vfio-dev`), so a test
 //!   describes the VFIO devices of a simulated host and reads them through the same
-//!   [`Sysfs`](crate::sysfs::Sysfs) code that reads `/sys`; [`TempSysfs`] is one in a
+//!   [`Sysfs`](crate::host::sysfs::Sysfs) code that reads `/sys`; [`TempSysfs`] is one in a
 //!   temporary directory.
 //! - [`GPU`]: the bundled scenario's GPU (`scenario/`), the one the demo passes through.
 //! - Fixture topologies, a CRI container spec builder and the checks of a create, an update

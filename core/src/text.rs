@@ -91,7 +91,7 @@ mod tests {
 
     #[test]
     fn error_chain_names_every_cause() {
-        let e = crate::sysfs::SysfsError::Io {
+        let e = crate::host::sysfs::SysfsError::Io {
             path: "/sys/x/numa_node".into(),
             source: std::io::Error::other("is a FIFO, not a regular file"),
         };

@@ -6,14 +6,14 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use crate::check::intent::{Baseline, Intent, IntentOrigin, KubeletIntent};
+use crate::check::policy::{Mode, Policy};
+use crate::check::rule::Finding;
+use crate::check::verdict::{Operation, UpdateClass};
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::{Baseline, Intent, IntentOrigin, KubeletIntent};
-use crate::kubelet::KubeletView;
-use crate::policy::{Mode, Policy};
-use crate::request::{ContainerKind, Resources};
-use crate::rule::Finding;
-use crate::verdict::{Operation, UpdateClass};
+use crate::input::kubelet::KubeletView;
+use crate::input::spec::{ContainerKind, Resources};
 
 use super::devices::Device;
 use super::{Checker, Input};
@@ -220,11 +220,11 @@ impl<'r> Context<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::intent::{Baseline, BASELINE_VERSION};
+    use crate::check::policy::Defaults;
     use crate::check::Overrides;
     use crate::host::TopologySource;
-    use crate::intent::{Baseline, BASELINE_VERSION};
-    use crate::policy::Defaults;
-    use crate::request::ContainerSpec;
+    use crate::input::spec::ContainerSpec;
 
     fn host(name: &str) -> Host {
         let xml = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -299,7 +299,7 @@ mod tests {
         let host = host("nvidiaDGX2.xml");
         // A node that lets pods weaken its policy: the pod's `none` applies.
         let any = Defaults {
-            pod_overrides: crate::policy::PodOverrides::Any,
+            pod_overrides: crate::check::policy::PodOverrides::Any,
             ..Defaults::default()
         };
         let checker = Checker::new(&host, None, any);

@@ -1,11 +1,11 @@
 //! VFIO devices of a spec resolved against sysfs and the host, and the baseline a first
 //! create records.
 
+use crate::check::intent::{Baseline, BaselineDevice, BASELINE_VERSION};
+use crate::host::pci::Bdf;
+use crate::host::sysfs::{SysfsError, VfioRef};
 use crate::host::Locality;
-use crate::intent::{Baseline, BaselineDevice, BASELINE_VERSION};
-use crate::pci::Bdf;
-use crate::request::ContainerSpec;
-use crate::sysfs::{SysfsError, VfioRef};
+use crate::input::spec::ContainerSpec;
 
 use super::Checker;
 

@@ -4,7 +4,7 @@
 //! - `phase.rs`: the entry points, one per phase ([`Checker::admit`], [`Checker::recreate`],
 //!   [`Checker::update`], [`Checker::observe`]), and [`could_not_run`]; each lowers its
 //!   [`Request`] for the rules and makes the verdict's decision, last.
-//! - the severity policy is not here but in [`crate::rule`] (`rule/severity.rs`): one table from
+//! - the severity policy is not here but in [`crate::check::rule`] (`rule/severity.rs`): one table from
 //!   rule × policy to severity, read through [`severity()`]; the "Severity by policy" table of
 //!   `docs/rules.md` is tested against it.
 //! - `context.rs`: what a request is about (policy and mode in force, the resources it leaves,
@@ -19,26 +19,26 @@
 
 mod context;
 mod devices;
-mod drift;
-mod kubelet;
-mod node;
+mod families;
+pub mod intent;
 mod phase;
-mod placement;
-mod vfio;
-mod vm;
+pub mod policy;
+pub mod rule;
+mod severity;
+pub mod verdict;
 
 use serde_json::{json, Value};
 
+use crate::check::intent::Baseline;
+use crate::check::policy::{Defaults, Mode, Policy};
+use crate::check::rule::{severity, Finding, Rule};
+use crate::check::verdict::{Decision, Verdict};
+use crate::host::sysfs::Sysfs;
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::intent::Baseline;
-use crate::kata::KataConfig;
-use crate::kubelet::KubeletView;
-use crate::policy::{Defaults, Mode, Policy};
-use crate::request::{ContainerSpec, Resources};
-use crate::rule::{severity, Finding, Rule};
-use crate::sysfs::Sysfs;
-use crate::verdict::{Decision, Verdict};
+use crate::input::kata::KataConfig;
+use crate::input::kubelet::KubeletView;
+use crate::input::spec::{ContainerSpec, Resources};
 use crate::vm::VmView;
 
 use context::Context;
@@ -80,7 +80,7 @@ struct Input<'a> {
     /// admission then is the intent, within `pod_overrides` of the pod's annotations.
     kubelet: Option<&'a KubeletView>,
     /// What the API server said about the pod's node, when it was read.
-    node: Option<&'a crate::affinity::NodeView>,
+    node: Option<&'a crate::input::affinity::NodeView>,
 }
 
 #[cfg(test)]
@@ -188,22 +188,19 @@ impl<'h> Checker<'h> {
             decision: Decision::Allow,
             findings: f.list,
             intent_source: cx.origin,
-            kubelet: cx
-                .kubelet
-                .as_ref()
-                .map(crate::intent::KubeletIntent::reported),
+            kubelet: cx.kubelet.as_ref().map(intent::KubeletIntent::reported),
         }
     }
 }
 
 /// The rule families, in the order their findings appear in a verdict.
 const FAMILIES: [fn(&Context<'_>, &mut Findings); 6] = [
-    kubelet::check,
-    placement::check,
-    vfio::check,
-    drift::check,
-    vm::check,
-    node::check,
+    families::admission::check,
+    families::placement::check,
+    families::vfio::check,
+    families::drift::check,
+    families::vm::check,
+    families::node_affinity::check,
 ];
 
 /// The findings of one check so far: each rule's finding is weighed by the severity table under

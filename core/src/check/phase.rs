@@ -7,14 +7,14 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::affinity::NodeView;
-use crate::intent::{Baseline, Intent, IntentOrigin, ANNOTATION_MODE, ANNOTATION_POLICY};
-use crate::kata::KataConfig;
-use crate::kubelet::KubeletView;
-use crate::policy::Defaults;
-use crate::request::{ContainerKind, ContainerSpec, Resources};
-use crate::rule::{severity, Finding, Rule};
-use crate::verdict::{Decision, Operation, UpdateClass, Verdict};
+use crate::check::intent::{Baseline, Intent, IntentOrigin, ANNOTATION_MODE, ANNOTATION_POLICY};
+use crate::check::policy::Defaults;
+use crate::check::rule::{severity, Finding, Rule};
+use crate::check::verdict::{Decision, Operation, UpdateClass, Verdict};
+use crate::input::affinity::NodeView;
+use crate::input::kata::KataConfig;
+use crate::input::kubelet::KubeletView;
+use crate::input::spec::{ContainerKind, ContainerSpec, Resources};
 use crate::vm::VmView;
 
 use super::{check_failed, Checker, Input, Overrides};

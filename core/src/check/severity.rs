@@ -2,8 +2,8 @@
 //! much a finding weighs. The "Severity by policy" table of `docs/rules.md` is tested against it, so
 //! the two cannot drift apart.
 
-use super::{Rule, Severity};
-use crate::policy::Policy;
+use super::rule::{Rule, Severity};
+use crate::check::policy::Policy;
 
 /// What the table says for one rule under one policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

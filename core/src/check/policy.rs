@@ -105,7 +105,7 @@ impl fmt::Display for Mode {
 ///
 /// "Stricter" means: for `mode`, `enforce` over `audit`; for `policy`, a policy under which no
 /// rule weighs less than under the configured one, read off the severity table
-/// ([`crate::rule::at_least_as_strict`]: none < restricted < single-numa-node,
+/// ([`crate::check::rule::at_least_as_strict`]: none < restricted < single-numa-node,
 /// best-effort < restricted, and none and best-effort not comparable, since best-effort
 /// turns `none`'s hard errors into warnings); for `numa-nodes`, a subset of the nodes the
 /// container's baseline allows (any nodes of the host when there is no baseline yet, as at a

@@ -2,17 +2,17 @@
 
 use serde_json::json;
 
+use crate::check::rule::Rule;
 use crate::host::Locality;
 use crate::idset::IdSet;
-use crate::rule::Rule;
 
-use super::context::Context;
-use super::devices::Device;
-use super::Findings;
+use crate::check::context::Context;
+use crate::check::devices::Device;
+use crate::check::Findings;
 
 /// `topology-drift`: the host changed since the baseline, in general (fingerprint) and for
 /// this container (its baseline CPUs' nodes, its devices' nodes).
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     let Some(baseline) = cx.req.baseline else {
         return;
     };

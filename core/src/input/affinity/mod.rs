@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::policy::Policy;
-use crate::rule::{severity, Finding, Rule};
+use crate::check::policy::Policy;
+use crate::check::rule::{severity, Finding, Rule};
 
 /// A node's labels, by key.
 pub type Labels = BTreeMap<String, String>;
@@ -801,8 +801,11 @@ impl NodeView {
 /// (`kata-topo check --node-labels --pod-spec` without `--spec`): an `update` when the view
 /// holds a label baseline to hold the node to, as the wrapper checks a resize, else a
 /// `create`; the node's policy and mode (`defaults`).
-pub fn verdict(view: &NodeView, defaults: crate::policy::Defaults) -> crate::verdict::Verdict {
-    use crate::verdict::{Decision, Operation, PodRef, Verdict};
+pub fn verdict(
+    view: &NodeView,
+    defaults: crate::check::policy::Defaults,
+) -> crate::check::verdict::Verdict {
+    use crate::check::verdict::{Decision, Operation, PodRef, Verdict};
     let mut findings = Vec::new();
     view.findings(&mut |rule, message, expected, observed| {
         if let Some(severity) = severity(rule, defaults.policy, defaults.fail_closed) {

@@ -9,7 +9,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use crate::pci::{Bdf, DeviceState};
+use crate::host::pci::{Bdf, DeviceState};
 
 /// The largest sysfs attribute read (a `numa_node` is a few bytes).
 const MAX_ATTR_BYTES: u64 = 4096;

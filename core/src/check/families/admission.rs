@@ -4,14 +4,14 @@
 
 use serde_json::json;
 
-use crate::pci::Bdf;
-use crate::rule::Rule;
+use crate::check::rule::Rule;
+use crate::host::pci::Bdf;
 
-use super::context::Context;
-use super::devices::Device;
-use super::Findings;
+use crate::check::context::Context;
+use crate::check::devices::Device;
+use crate::check::Findings;
 
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     if let Some(reason) = &cx.kubelet_unavailable {
         f.add(
             Rule::KubeletIntentUnavailable,

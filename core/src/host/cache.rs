@@ -37,10 +37,10 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::files::Dir;
+use crate::host::pci::Bdf;
+use crate::host::sysfs::{Sysfs, SysfsError};
 use crate::host::{Host, HostError, Locality, TopologySource, MAX_XML_BYTES};
 use crate::idset::IdSet;
-use crate::pci::Bdf;
-use crate::sysfs::{Sysfs, SysfsError};
 use crate::text::error_chain;
 use crate::wait::Progress;
 

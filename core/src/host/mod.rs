@@ -16,9 +16,13 @@ use hwlocality::topology::export::xml::XMLExportFlags;
 use hwlocality::Topology;
 use serde::Serialize;
 
+pub mod cache;
+pub mod pci;
+pub mod sysfs;
+
 use crate::digest::fnv1a;
+use crate::host::pci::{Bdf, DeviceState};
 use crate::idset::IdSet;
-use crate::pci::{Bdf, DeviceState};
 
 /// The largest topology XML accepted (the 384-PU, 24-node fixture is under 1 MiB).
 pub const MAX_XML_BYTES: u64 = 64 * 1024 * 1024;

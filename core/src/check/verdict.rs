@@ -6,9 +6,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::intent::IntentOrigin;
-use crate::policy::{Mode, Policy};
-use crate::rule::{Finding, Severity};
+use crate::check::intent::IntentOrigin;
+use crate::check::policy::{Mode, Policy};
+use crate::check::rule::{Finding, Severity};
 
 /// What was checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -210,7 +210,7 @@ pub(crate) fn serde_plain<T: Serialize>(value: &T) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rule::Rule;
+    use crate::check::rule::Rule;
 
     fn verdict(mode: Mode, severity: Severity) -> Verdict {
         Verdict {

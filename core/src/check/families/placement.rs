@@ -3,15 +3,15 @@
 
 use serde_json::json;
 
+use crate::check::policy::Policy;
+use crate::check::rule::Rule;
 use crate::idset::IdSet;
-use crate::policy::Policy;
-use crate::rule::Rule;
 
-use super::context::{Context, Cpus};
-use super::{node_word, Findings};
+use crate::check::context::{Context, Cpus};
+use crate::check::{node_word, Findings};
 
 /// The placement rules, in the order their findings appear.
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     if let Some(cpus) = &cx.cpus {
         cpu_unknown(cx, cpus, f);
         cpu_spans_numa(cx, cpus, f);

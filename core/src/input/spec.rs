@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxResources, Spec};
 
+use crate::check::verdict::{PodRef, UpdateClass};
+use crate::host::sysfs::VfioRef;
 use crate::idset::{IdSet, IdSetError};
-use crate::sysfs::VfioRef;
-use crate::verdict::{PodRef, UpdateClass};
 
 /// The largest OCI spec accepted.
 pub const MAX_SPEC_BYTES: u64 = 16 * 1024 * 1024;

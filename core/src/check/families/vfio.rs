@@ -3,18 +3,18 @@
 
 use serde_json::{json, Value};
 
+use crate::check::rule::Rule;
+use crate::host::pci::Bdf;
 use crate::host::Locality;
 use crate::idset::IdSet;
-use crate::pci::Bdf;
-use crate::rule::Rule;
 
-use super::context::Context;
-use super::devices::Device;
-use super::{node_word, Findings};
+use crate::check::context::Context;
+use crate::check::devices::Device;
+use crate::check::{node_word, Findings};
 
 /// The VFIO rules: device paths that name no VFIO device, then the devices device by device in
 /// the spec's order.
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     for bad in &cx.req.spec.bad_devices {
         f.add(
             Rule::VfioMissing,

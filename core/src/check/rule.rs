@@ -1,14 +1,12 @@
 //! The rules' vocabulary: the [`Rule`] ids, the [`Severity`] of a [`Finding`], and the one
 //! table ([`severity()`]) that says how much each rule weighs under each policy.
 
-mod severity;
-
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use severity::{at_least_as_strict, severity};
+pub use super::severity::{at_least_as_strict, severity};
 
 /// How bad a finding is; the policy decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

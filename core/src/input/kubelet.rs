@@ -10,8 +10,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::check::policy::{ChoiceError, Policy};
 use crate::idset::{IdSet, MAX_ID};
-use crate::policy::{ChoiceError, Policy};
 
 /// Where a pod's intent is taken from (`intent_source` in `[topology_guard]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -33,7 +33,10 @@ impl FromStr for IntentSource {
             "auto" => Ok(Self::Auto),
             "kubelet" => Ok(Self::Kubelet),
             "annotations" => Ok(Self::Annotations),
-            _ => Err(crate::policy::choice_error(s, "auto, kubelet, annotations")),
+            _ => Err(crate::check::policy::choice_error(
+                s,
+                "auto, kubelet, annotations",
+            )),
         }
     }
 }

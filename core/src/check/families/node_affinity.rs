@@ -1,11 +1,11 @@
 //! The pod's node affinity against its node's labels, as the API server gave them for this
-//! request ([`crate::affinity`]): `node-affinity-violated`, `node-labels-changed`,
+//! request ([`crate::input::affinity`]): `node-affinity-violated`, `node-labels-changed`,
 //! `node-labels-unavailable`.
 
-use super::context::Context;
-use super::Findings;
+use crate::check::context::Context;
+use crate::check::Findings;
 
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     if let Some(view) = cx.req.node {
         view.findings(&mut |rule, message, expected, observed| {
             f.add(rule, message, expected, observed)

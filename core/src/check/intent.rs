@@ -7,14 +7,14 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::check::policy::{ChoiceError, Defaults, Mode, PodOverrides, Policy};
+use crate::check::rule::{Finding, Rule, Severity};
+use crate::host::pci::Bdf;
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::kubelet::{
+use crate::input::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, PodAdmission, TopologyScope,
 };
-use crate::pci::Bdf;
-use crate::policy::{ChoiceError, Defaults, Mode, PodOverrides, Policy};
-use crate::rule::{Finding, Rule, Severity};
 
 /// Annotation: the Topology Manager policy applied to updates.
 pub const ANNOTATION_POLICY: &str = "kata-topo.io/policy";
@@ -213,7 +213,11 @@ impl Intent {
         let overrides = defaults.pod_overrides;
         let mut findings = Vec::new();
         let policy = match policy {
-            Some(p) if overrides.allows(crate::rule::at_least_as_strict(p, defaults.policy)) => p,
+            Some(p)
+                if overrides.allows(crate::check::rule::at_least_as_strict(p, defaults.policy)) =>
+            {
+                p
+            }
             // Asking for what is configured anyway changes nothing: nothing to say.
             Some(p) if p == defaults.policy => p,
             Some(p) => {
@@ -557,7 +561,7 @@ mod tests {
             let mut ignored = Vec::new();
             let stricter_only = overrides == PodOverrides::StricterOnly;
             let want_policy = match asked_policy {
-                Some(p) if p == policy || (stricter_only && crate::rule::at_least_as_strict(p, policy)) => p,
+                Some(p) if p == policy || (stricter_only && crate::check::rule::at_least_as_strict(p, policy)) => p,
                 Some(_) => { ignored.push(ANNOTATION_POLICY); policy }
                 None => policy,
             };
@@ -577,7 +581,7 @@ mod tests {
             prop_assert_eq!(intent.policy, want_policy);
             prop_assert_eq!(intent.mode, want_mode);
             prop_assert_eq!(&intent.numa_nodes, &want_nodes);
-            prop_assert!(crate::rule::at_least_as_strict(intent.policy, policy) || intent.policy == policy);
+            prop_assert!(crate::check::rule::at_least_as_strict(intent.policy, policy) || intent.policy == policy);
             prop_assert!(intent.mode >= mode);
             let named: Vec<&str> = findings
                 .iter()

@@ -6,18 +6,18 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
+use crate::check::rule::Rule;
 use crate::host::Locality;
-use crate::kata::KataConfig;
-use crate::request::Resources;
-use crate::rule::Rule;
+use crate::input::kata::KataConfig;
+use crate::input::spec::Resources;
 use crate::vm::VmView;
 
-use super::context::Context;
-use super::devices::Device;
-use super::{node_word, Findings};
+use crate::check::context::Context;
+use crate::check::devices::Device;
+use crate::check::{node_word, Findings};
 
 /// The Kata rules when Kata's configuration is known, then the VM rules when the VM's view is.
-pub(super) fn check(cx: &Context<'_>, f: &mut Findings) {
+pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
     if let Some(kata) = cx.req.kata {
         vcpu_pinning_lost(cx, kata, f);
         guest_numa_uncovered(cx, kata, f);
