@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use slog::Logger;
 
-use crate::checks::PodChecks;
 use crate::delegate::Delegate;
+use crate::pod::Pod;
 use crate::proxy::proxy;
 use kata_topo_proto::wire::{probe, socket_path, Client, ConnectRequest, ConnectResponse, Probe};
 
@@ -34,12 +34,12 @@ pub(crate) enum Exit {
 pub(crate) fn serve(
     listener: UnixListener,
     delegate: Delegate,
-    checks: Arc<PodChecks>,
+    pod: Arc<Pod>,
     log: Logger,
     on_hup: impl Fn() + Send + 'static,
 ) -> Exit {
     let (tx, rx) = channel::<Exit>();
-    watch_delegate(&delegate, checks.clone(), tx.clone(), log.clone());
+    watch_delegate(&delegate, pod.clone(), tx.clone(), log.clone());
     watch_signals(tx.clone(), on_hup);
     let accept_log = log.clone();
     let _ = std::thread::Builder::new()
@@ -48,11 +48,11 @@ pub(crate) fn serve(
             for conn in listener.incoming() {
                 match conn {
                     Ok(client) => {
-                        let (delegate, checks, log) =
-                            (delegate.clone(), checks.clone(), accept_log.clone());
+                        let (delegate, pod, log) =
+                            (delegate.clone(), pod.clone(), accept_log.clone());
                         let _ = std::thread::Builder::new()
                             .name("conn".into())
-                            .spawn(move || proxy(client, &delegate, &checks, &log));
+                            .spawn(move || proxy(client, &delegate, &pod, &log));
                     }
                     Err(e) => {
                         slog::warn!(accept_log, "accept failed"; "event" => "accept-failed", "error" => e.to_string());
@@ -66,7 +66,7 @@ pub(crate) fn serve(
 /// Asks the delegate who it is (`Connect`: its pid, which `delete` needs to tell a live
 /// delegate from an exiting one), records it, then holds the connection idle: its EOF means
 /// the delegate exited.
-fn watch_delegate(delegate: &Delegate, checks: Arc<PodChecks>, tx: Sender<Exit>, log: Logger) {
+fn watch_delegate(delegate: &Delegate, pod: Arc<Pod>, tx: Sender<Exit>, log: Logger) {
     let delegate = delegate.clone();
     let _ = std::thread::Builder::new()
         .name("watch".into())
@@ -80,14 +80,14 @@ fn watch_delegate(delegate: &Delegate, checks: Arc<PodChecks>, tx: Sender<Exit>,
                             delegate.service,
                             "Connect",
                             request,
-                            checks.namespace(),
+                            pod.namespace(),
                             deadline,
                         )
                         .ok()
                         .filter(|r| r.code() == 0)
                         .and_then(|r| ConnectResponse::decode(r.payload.as_slice()).ok())
                         .map(|r| r.shim_pid);
-                    checks.record_daemon(&delegate.address, pid);
+                    pod.record_daemon(&delegate.address, pid);
                     let mut conn = client.into_stream();
                     let _ = conn.set_read_timeout(None);
                     let mut buf = [0u8; 4096];
@@ -162,15 +162,15 @@ impl Drop for OwnSocket {
 
 /// The daemon's cleanup once serving stopped: when the delegate is gone, its leftover socket
 /// and the pod's state and metrics go too.
-pub(crate) fn cleanup(exit: &Exit, own: OwnSocket, delegate: &Delegate, checks: &PodChecks) {
+pub(crate) fn cleanup(exit: &Exit, own: OwnSocket, delegate: &Delegate, pod: &Pod) {
     drop(own);
     if *exit == Exit::DelegateGone {
         remove_socket_of_exiting(
             Path::new(socket_path(&delegate.address)),
             Instant::now() + Duration::from_secs(3),
         );
-        checks.forget(Instant::now() + Duration::from_secs(1));
+        pod.forget(Instant::now() + Duration::from_secs(1));
     } else {
-        checks.flush_state(Instant::now() + Duration::from_secs(1));
+        pod.flush_state(Instant::now() + Duration::from_secs(1));
     }
 }

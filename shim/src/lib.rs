@@ -6,12 +6,12 @@
 
 mod args;
 mod bundle;
-mod checks;
 mod daemon;
 mod delegate;
 mod delete;
 mod error;
 mod group;
+mod pod;
 mod proxy;
 mod run;
 mod start;
@@ -25,5 +25,5 @@ pub use run::real_main;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::checks::testing::{pod, Pod};
+    pub use crate::pod::testing::{pod, TestPod};
 }

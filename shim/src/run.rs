@@ -11,9 +11,9 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};
-use crate::checks::{Outputs, PodChecks};
 use crate::daemon::{cleanup, serve, Exit, OwnSocket};
 use crate::delegate::Delegate;
+use crate::pod::{Outputs, Pod};
 use kata_topo_proto::wire::socket_path;
 
 use kata_topo_core::VERSION;
@@ -170,8 +170,8 @@ fn daemon(args: &Args) -> ExitCode {
         file: config_file.clone(),
         source,
     };
-    let checks = PodChecks::new(resolved, kata, &args.namespace, &args.group, sinks);
-    checks.spawn_refresher();
+    let pod = Pod::new(resolved, kata, &args.namespace, &args.group, sinks);
+    pod.spawn_refresher();
     let done = |log_handle: &Log| {
         log_handle.flush(Instant::now() + Duration::from_secs(1));
     };
@@ -179,19 +179,19 @@ fn daemon(args: &Args) -> ExitCode {
     // EOF means it failed to start, and this daemon has nothing to serve.
     let Some(delegate) = read_delegate() else {
         slog::info!(log, "delegate did not start"; "event" => "daemon-exit", "sandbox_id" => &args.group);
-        checks.forget(Instant::now() + Duration::from_secs(1));
+        pod.forget(Instant::now() + Duration::from_secs(1));
         done(&log_handle);
         return ExitCode::FAILURE;
     };
     quiet_stderr();
-    checks.record_daemon(&delegate.address, None);
+    pod.record_daemon(&delegate.address, None);
     slog::info!(log, "delegate started"; "event" => "delegate-started",
         "sandbox_id" => &args.group, "delegate" => socket_path(&delegate.address));
     let reopen = log_handle.clone();
     let exit = serve(
         listener,
         delegate.clone(),
-        checks.clone(),
+        pod.clone(),
         log.clone(),
         move || reopen.reopen(),
     );
@@ -201,7 +201,7 @@ fn daemon(args: &Args) -> ExitCode {
     };
     slog::info!(log, "wrapper daemon exiting"; "event" => "daemon-exit", "reason" => reason,
         "sandbox_id" => &args.group);
-    cleanup(&exit, own, &delegate, &checks);
+    cleanup(&exit, own, &delegate, &pod);
     if let Exit::Signal(_) = exit {
         // The pod's state stays for containerd's `delete`, which stops the delegate; the
         // metrics file goes now: a daemon that no longer runs watches nothing.

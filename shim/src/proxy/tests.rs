@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::checks::testing::{pod, Pod};
+use crate::pod::testing::{pod, TestPod};
 use kata_topo_proto::wire::{Any, Code, KeyValue, MAX_FRAME};
 
 const ENFORCE_SPEC_TASK: &str = "c1";
@@ -21,16 +21,16 @@ struct Wire {
     pump: std::thread::JoinHandle<()>,
 }
 
-fn wire(p: &Pod, service: &'static str) -> Wire {
+fn wire(p: &TestPod, service: &'static str) -> Wire {
     let (client, client_proxy) = UnixStream::pair().expect("pair");
     let (upstream_proxy, delegate) = UnixStream::pair().expect("pair");
-    let checks = p.checks.clone();
+    let pod = p.pod.clone();
     let log = p.log.logger().clone();
     let d = Delegate {
         address: "unix:///nonexistent".into(),
         service,
     };
-    let pump = std::thread::spawn(move || pump(client_proxy, upstream_proxy, &d, &checks, &log));
+    let pump = std::thread::spawn(move || pump(client_proxy, upstream_proxy, &d, &pod, &log));
     for s in [&client, &delegate] {
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
@@ -228,11 +228,11 @@ fn an_unavailable_delegate_answers_unavailable() {
     client
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    let checks = p.checks.clone();
+    let pod = p.pod.clone();
     let log = p.log.logger().clone();
     let t = std::thread::spawn(move || {
         let d = Delegate::new("unix:///nonexistent/delegate.sock".into(), 2);
-        proxy(proxy_end, &d, &checks, &log);
+        proxy(proxy_end, &d, &pod, &log);
     });
     frame(1, TYPE_REQUEST, request(TASK_V2, "State", vec![]))
         .write(&mut client)
@@ -262,8 +262,8 @@ fn the_delegate_is_dialled_only_when_a_request_arrives() {
     listener.set_nonblocking(true).expect("nonblocking");
     let address = format!("unix://{}", sock.display());
     let serve = |client: UnixStream| {
-        let (checks, log, address) = (p.checks.clone(), p.log.logger().clone(), address.clone());
-        std::thread::spawn(move || proxy(client, &Delegate::new(address, 2), &checks, &log))
+        let (pod, log, address) = (p.pod.clone(), p.log.logger().clone(), address.clone());
+        std::thread::spawn(move || proxy(client, &Delegate::new(address, 2), &pod, &log))
     };
 
     let (probe, proxy_end) = UnixStream::pair().expect("pair");
@@ -360,7 +360,7 @@ proptest! {
     fn any_stream_is_forwarded_or_answered_exactly_once((input, garbage) in frames()) {
         // One pod for every case, as one daemon serves every connection: a pod per case
         // would keep its writer threads for the whole run (100,000 cases in `make fuzz`).
-        static POD: std::sync::OnceLock<Pod> = std::sync::OnceLock::new();
+        static POD: std::sync::OnceLock<TestPod> = std::sync::OnceLock::new();
         let p = POD.get_or_init(|| pod("audit"));
         let w = wire(p, TASK_V2);
         let mut bytes: Vec<u8> = input.iter().flat_map(Frame::encode).collect();

@@ -10,37 +10,37 @@ use kata_topo_core::kata::KataConfig;
 use kata_topo_core::testutil::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
-use super::{Outcome, Outputs, PodChecks};
+use super::{Outcome, Outputs, Pod};
 
 /// A pod's checks over the scenario's two-node host and a GPU on node 1 in VFIO group 42,
 /// logging to a file in a temporary directory.
-pub struct Pod {
+pub struct TestPod {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) log: Log,
-    pub(crate) checks: Arc<PodChecks>,
+    pub(crate) pod: Arc<Pod>,
 }
 
-impl std::fmt::Debug for Pod {
+impl std::fmt::Debug for TestPod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pod")
+        f.debug_struct("TestPod")
             .field("dir", &self.dir.path())
             .finish_non_exhaustive()
     }
 }
 
-pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> Pod {
+pub(crate) fn pod_with(mode: &str, state_dir: Option<&Path>, load: bool) -> TestPod {
     pod_configured(mode, state_dir, load, "", false)
 }
 
 /// [`pod_with`] with more `[topology_guard]` lines (`extra`) and, with `metrics`, a textfile
-/// in the temporary directory (`Pod::metrics`).
+/// in the temporary directory (`TestPod::metrics`).
 pub(crate) fn pod_configured(
     mode: &str,
     state_dir: Option<&Path>,
     load: bool,
     extra: &str,
     metrics: bool,
-) -> Pod {
+) -> TestPod {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = SysfsTree::at(dir.path().join("sys")).expect("sysfs");
     tree.add_gpu().expect("gpu");
@@ -88,9 +88,9 @@ pub(crate) fn pod_configured(
         file: Some(dir.path().join("test.toml")),
         source: ConfigSource::ConfigPath,
     };
-    let checks = PodChecks::new(resolved, KataConfig::default(), "k8s.io", "sb1", sinks);
+    let pod = Pod::new(resolved, KataConfig::default(), "k8s.io", "sb1", sinks);
     if load {
-        checks.refresh();
+        pod.refresh();
     }
     write_bundle(
         &dir.path().join("bundle"),
@@ -107,7 +107,7 @@ pub(crate) fn pod_configured(
             "devices": [{"path": "/dev/vfio/42", "type": "c", "major": 240, "minor": 0}]
         }),
     );
-    Pod { dir, log, checks }
+    TestPod { dir, log, pod }
 }
 
 /// A bundle at `bundle` whose `config.json` has these annotations and this `linux` section.
@@ -126,11 +126,11 @@ pub(crate) fn write_bundle(
 }
 
 /// [`pod_with`] in `mode` (`audit`, `enforce`), its topology loaded.
-pub fn pod(mode: &str) -> Pod {
+pub fn pod(mode: &str) -> TestPod {
     pod_with(mode, None, true)
 }
 
-impl Pod {
+impl TestPod {
     /// The log's lines so far, each parsed.
     pub fn lines(&self) -> Vec<serde_json::Value> {
         assert!(self.log.flush(Instant::now() + Duration::from_secs(10)));
@@ -166,15 +166,15 @@ impl Pod {
     /// tests only (feature `testing`): no unit test needs it.
     #[cfg(feature = "testing")]
     pub fn delegate_is(&self, pid: u32) {
-        self.checks
+        self.pod
             .record_daemon("unix:///run/test/delegate.sock", Some(pid));
     }
 
     /// The container `c1` created and accepted by the delegate, whose reply carried `pid` (the
     /// VMM's, with Kata's Go runtime).
     pub fn create_with_pid(&self, pid: u32) {
-        match self.checks.on_create("c1", &self.dir.path().join("bundle")) {
-            Outcome::Forward(Some(accept)) => self.checks.commit(accept, Some(pid)),
+        match self.pod.on_create("c1", &self.dir.path().join("bundle")) {
+            Outcome::Forward(Some(accept)) => self.pod.commit(accept, Some(pid)),
             other => panic!("create: {other:?}"),
         }
     }
@@ -199,17 +199,17 @@ impl Pod {
             .to_string(),
         )
         .expect("spec");
-        let outcome = self.checks.on_create("sb1", &bundle);
+        let outcome = self.pod.on_create("sb1", &bundle);
         if let Outcome::Forward(Some(accept)) = &outcome {
-            self.checks.commit(accept.clone(), None);
+            self.pod.commit(accept.clone(), None);
         }
         outcome
     }
 
     pub(crate) fn update(&self, json: &str) -> Outcome {
-        let outcome = self.checks.on_update("c1", json.as_bytes());
+        let outcome = self.pod.on_update("c1", json.as_bytes());
         if let Outcome::Forward(Some(accept)) = &outcome {
-            self.checks.commit(accept.clone(), None);
+            self.pod.commit(accept.clone(), None);
         }
         outcome
     }

@@ -20,9 +20,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use prost::Message;
 use slog::Logger;
 
-use crate::checks::{OnAccept, Outcome, PodChecks};
 use crate::delegate::Delegate;
 use crate::error::ShimError;
+use crate::pod::{OnAccept, Outcome, Pod};
 use kata_topo_proto::wire::{
     rename_service, CreateTaskRequest, CreateTaskResponse, DeleteRequest, Frame, Incoming, Request,
     Response, Status, UpdateTaskRequest, TASK_V2, TASK_V3, TYPE_REQUEST, TYPE_RESPONSE,
@@ -56,21 +56,21 @@ enum Route {
 }
 
 /// The checks a request asks for.
-fn check(request: &Request, checks: &PodChecks) -> Option<Outcome> {
+fn check(request: &Request, pod: &Pod) -> Option<Outcome> {
     match request.method.as_str() {
         "Create" => CreateTaskRequest::decode(request.payload.as_slice())
             .ok()
-            .map(|r| checks.on_create(&r.id, Path::new(&r.bundle))),
+            .map(|r| pod.on_create(&r.id, Path::new(&r.bundle))),
         "Update" => UpdateTaskRequest::decode(request.payload.as_slice())
             .ok()
             .map(|r| {
                 let json = r.resources.map(|a| a.value).unwrap_or_default();
-                checks.on_update(&r.id, &json)
+                pod.on_update(&r.id, &json)
             }),
         "Delete" => DeleteRequest::decode(request.payload.as_slice())
             .ok()
             .filter(|r| r.exec_id.is_empty())
-            .map(|r| checks.on_delete(&r.id)),
+            .map(|r| pod.on_delete(&r.id)),
         _ => None,
     }
 }
@@ -80,7 +80,7 @@ fn check(request: &Request, checks: &PodChecks) -> Option<Outcome> {
 fn inspect(
     mut frame: Frame,
     delegate: &Delegate,
-    checks: &PodChecks,
+    pod: &Pod,
     pending: &mut HashMap<u32, OnAccept>,
 ) -> Route {
     if frame.kind != TYPE_REQUEST {
@@ -93,8 +93,8 @@ fn inspect(
     if !is_task_service(&request.service) {
         return Route::Forward(frame);
     }
-    let outcome = catch_unwind(AssertUnwindSafe(|| check(&request, checks))).unwrap_or_else(|_| {
-        checks.report_failure(&request.method, "the check failed unexpectedly");
+    let outcome = catch_unwind(AssertUnwindSafe(|| check(&request, pod))).unwrap_or_else(|_| {
+        pod.report_failure(&request.method, "the check failed unexpectedly");
         None
     });
     match outcome {
@@ -114,7 +114,7 @@ fn inspect(
 }
 
 /// Applies what the delegate accepted, when a response answers a pending request.
-fn settle(frame: &Frame, checks: &PodChecks, pending: &mut HashMap<u32, OnAccept>) {
+fn settle(frame: &Frame, pod: &Pod, pending: &mut HashMap<u32, OnAccept>) {
     if frame.kind != TYPE_RESPONSE {
         return;
     }
@@ -135,8 +135,8 @@ fn settle(frame: &Frame, checks: &PodChecks, pending: &mut HashMap<u32, OnAccept
             .filter(|&p| p > 0),
         _ => None,
     };
-    if catch_unwind(AssertUnwindSafe(|| checks.commit(accept, pid))).is_err() {
-        checks.report_failure("commit", "recording what the delegate accepted failed");
+    if catch_unwind(AssertUnwindSafe(|| pod.commit(accept, pid))).is_err() {
+        pod.report_failure("commit", "recording what the delegate accepted failed");
     }
 }
 
@@ -190,7 +190,7 @@ fn first_request_arrives(client: &UnixStream) -> bool {
 
 /// Serves one containerd connection until either side closes it. The delegate is dialled
 /// once the first request arrives.
-pub(crate) fn proxy(client: UnixStream, delegate: &Delegate, checks: &PodChecks, log: &Logger) {
+pub(crate) fn proxy(client: UnixStream, delegate: &Delegate, pod: &Pod, log: &Logger) {
     if !first_request_arrives(&client) {
         return;
     }
@@ -204,7 +204,7 @@ pub(crate) fn proxy(client: UnixStream, delegate: &Delegate, checks: &PodChecks,
             return unavailable(client, &error);
         }
     };
-    pump(client, upstream, delegate, checks, log);
+    pump(client, upstream, delegate, pod, log);
 }
 
 /// The loop of [`proxy`], over any pair of connected streams.
@@ -212,7 +212,7 @@ pub(crate) fn pump(
     client: UnixStream,
     upstream: UnixStream,
     delegate: &Delegate,
-    checks: &PodChecks,
+    pod: &Pod,
     log: &Logger,
 ) {
     let (Ok(mut client_w), Ok(mut upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
@@ -248,7 +248,7 @@ pub(crate) fn pump(
                     if frame.write(&mut client_w).is_err() {
                         break;
                     }
-                    settle(&frame, checks, &mut pending);
+                    settle(&frame, pod, &mut pending);
                 }
                 Ok(Some(Incoming::Oversized {
                     stream_id,
@@ -272,7 +272,7 @@ pub(crate) fn pump(
             match Frame::read_or_skip(&mut client_r) {
                 Ok(Some(Incoming::Frame(frame))) => {
                     let stream_id = frame.stream_id;
-                    let sent = match inspect(frame, delegate, checks, &mut pending) {
+                    let sent = match inspect(frame, delegate, pod, &mut pending) {
                         Route::Forward(frame) => upstream_w.write_all(&frame.encode()),
                         Route::Answer(error) => {
                             status_frame(stream_id, error.status()).write(&mut client_w)

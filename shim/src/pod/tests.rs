@@ -1,4 +1,4 @@
-use super::testing::{pod, pod_configured, pod_with, write_bundle, Pod};
+use super::testing::{pod, pod_configured, pod_with, write_bundle, TestPod};
 use super::*;
 use kata_topo_core::testutil::GPU;
 use kata_topo_core::Rule;
@@ -24,10 +24,8 @@ fn repeated_identical_findings_are_announced_once() {
     p.update(CROSS);
     assert_eq!(p.finding_lines(), first * 2);
     // The latest verdict is kept for `kata-topo status`.
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
-    let kept = p.checks.state_dir().join("verdicts/c1.json");
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+    let kept = p.pod.state_dir().join("verdicts/c1.json");
     let v: Verdict = serde_json::from_slice(&std::fs::read(kept).expect("verdict")).expect("json");
     assert_eq!(v.findings.len(), 2);
 }
@@ -48,7 +46,7 @@ fn enforce_refuses_with_failed_precondition_naming_rule_and_pod() {
         other => panic!("{other:?}"),
     }
     // The refused update was not committed: the task still has its create-time resources.
-    let record = p.checks.store.task("c1").expect("task");
+    let record = p.pod.store.task("c1").expect("task");
     assert_eq!(record.resources, None);
     assert_eq!(record.pid, Some(7));
     assert!(matches!(
@@ -61,12 +59,12 @@ fn enforce_refuses_with_failed_precondition_naming_rule_and_pod() {
 fn unknown_tasks_and_malformed_updates_are_check_failed_not_refused() {
     let p = pod("enforce");
     assert!(matches!(
-        p.checks.on_update("nobody", b"{}"),
+        p.pod.on_update("nobody", b"{}"),
         Outcome::Forward(None)
     ));
     p.create();
     assert!(matches!(
-        p.checks.on_update("c1", b"{not json"),
+        p.pod.on_update("c1", b"{not json"),
         Outcome::Forward(None)
     ));
     let lines = p.lines();
@@ -84,28 +82,26 @@ fn sandbox_delete_removes_the_pod_state() {
     let p = pod("audit");
     p.create();
     assert!(p
-        .checks
+        .pod
         .store
         .baseline(&BaselineOf::Container("app".into()))
         .is_some());
-    if let Outcome::Forward(Some(accept)) = p.checks.on_delete("c1") {
-        p.checks.commit(accept, None);
+    if let Outcome::Forward(Some(accept)) = p.pod.on_delete("c1") {
+        p.pod.commit(accept, None);
     }
-    assert!(p.checks.store.task("c1").is_none());
+    assert!(p.pod.store.task("c1").is_none());
     assert!(
-        p.checks
+        p.pod
             .store
             .baseline(&BaselineOf::Container("app".into()))
             .is_some(),
         "kept for a recreate"
     );
-    if let Outcome::Forward(Some(accept)) = p.checks.on_delete("sb1") {
-        p.checks.commit(accept, None);
+    if let Outcome::Forward(Some(accept)) = p.pod.on_delete("sb1") {
+        p.pod.commit(accept, None);
     }
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
-    assert!(!p.checks.state_dir().exists());
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(!p.pod.state_dir().exists());
 }
 
 /// Task records and baselines live in memory: a state directory that cannot be written (a
@@ -122,15 +118,13 @@ fn a_state_dir_that_cannot_be_written_changes_no_decision() {
         Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
         other => panic!("enforce must still refuse: {other:?}"),
     }
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
     let lines = p.lines();
     assert!(
         lines.iter().any(|l| l["event"] == "state-failed"),
         "the failed writes are reported: {lines:#?}"
     );
-    assert!(p.checks.sinks.drops.get(kata_topo_sinks::Sink::State) > 0);
+    assert!(p.pod.sinks.drops.get(kata_topo_sinks::Sink::State) > 0);
 }
 
 /// A create that arrives before the topology loaded (and with no load under way, which a
@@ -139,8 +133,8 @@ fn a_state_dir_that_cannot_be_written_changes_no_decision() {
 #[test]
 fn a_create_before_the_topology_is_forwarded_and_recorded_later() {
     let p = pod_with("enforce", None, false);
-    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
-        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(7)),
+    match p.pod.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(7)),
         other => panic!("forwarded: {other:?}"),
     }
     let lines = p.lines();
@@ -152,13 +146,9 @@ fn a_create_before_the_topology_is_forwarded_and_recorded_later() {
         "{lines:#?}"
     );
     let app = BaselineOf::Container("app".into());
-    assert!(p.checks.store.baseline(&app).is_none());
-    p.checks.refresh();
-    let b = p
-        .checks
-        .store
-        .baseline(&app)
-        .expect("recorded after the load");
+    assert!(p.pod.store.baseline(&app).is_none());
+    p.pod.refresh();
+    let b = p.pod.store.baseline(&app).expect("recorded after the load");
     assert_eq!(b.cpus.map(|c| c.to_string()).as_deref(), Some("1"));
     // From now on the pod is checked against it.
     assert!(matches!(p.update(CROSS), Outcome::Refuse(_)));
@@ -172,14 +162,14 @@ fn vm_looks_are_coalesced_per_task() {
     for _ in 0..1000 {
         p.update(r#"{"cpu":{"quota":100000}}"#);
     }
-    assert!(p.checks.observer.pending() <= 1);
+    assert!(p.pod.observer.pending() <= 1);
 }
 
 /// An audit pod (with a metrics textfile, with `metrics`) whose procfs root holds a copy of the
 /// recorded QEMU (pid 17832), daemonized as Kata starts it (its parent is init): it is the
 /// sandbox `sb1`'s by its cgroup, which Kata names after the sandbox (the recording has none:
 /// it is added here). The copy lives as long as the directory returned.
-fn with_recorded_qemu(metrics: bool) -> (tempfile::TempDir, Pod) {
+fn with_recorded_qemu(metrics: bool) -> (tempfile::TempDir, TestPod) {
     let recorded = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../core/tests/fixtures/vmm/qemu-kvm/proc"
@@ -210,8 +200,8 @@ fn with_recorded_qemu(metrics: bool) -> (tempfile::TempDir, Pod) {
 fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
     // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
     let (_tree, p) = with_recorded_qemu(true);
-    match p.checks.on_create("c1", &p.dir.path().join("bundle")) {
-        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
+    match p.pod.on_create("c1", &p.dir.path().join("bundle")) {
+        Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(17832)),
         other => panic!("create: {other:?}"),
     }
     let logged = (0..100).any(|_| {
@@ -219,11 +209,9 @@ fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
         p.lines().iter().any(|l| l["rule"] == "vcpu-affinity-drift")
     });
     assert!(logged, "{:#?}", p.lines());
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
     let pods = kata_topo_core::state::list(
-        p.checks
+        p.pod
             .state_dir()
             .parent()
             .and_then(Path::parent)
@@ -278,15 +266,15 @@ fn the_sandboxs_vm_observation_holds_it_to_the_sandboxs_baseline() {
         }),
         serde_json::json!({"resources": {"cpu": {"cpus": "1"}}}),
     );
-    match p.checks.on_create("sb1", &bundle) {
-        Outcome::Forward(Some(accept)) => p.checks.commit(accept, Some(17832)),
+    match p.pod.on_create("sb1", &bundle) {
+        Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(17832)),
         other => panic!("create: {other:?}"),
     }
     match p
-        .checks
+        .pod
         .on_update("sb1", br#"{"cpu": {"quota": 200000, "period": 100000}}"#)
     {
-        Outcome::Forward(Some(accept)) => p.checks.commit(accept, None),
+        Outcome::Forward(Some(accept)) => p.pod.commit(accept, None),
         other => panic!("update: {other:?}"),
     }
     let drift =
@@ -348,7 +336,7 @@ fn an_untrusted_state_dir_is_never_used_and_the_log_says_why() {
         let p = pod_with("enforce", Some(&configured), true);
         p.create();
         let app = p
-            .checks
+            .pod
             .store
             .baseline(&BaselineOf::Container("app".into()))
             .expect("a baseline");
@@ -361,9 +349,7 @@ fn an_untrusted_state_dir_is_never_used_and_the_log_says_why() {
             matches!(p.update(CROSS), Outcome::Refuse(_)),
             "{case}: the planted baseline was believed"
         );
-        assert!(p
-            .checks
-            .flush_state(Instant::now() + Duration::from_secs(10)));
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
         assert_eq!(files_under(&state), before, "{case}: written into");
         let lines = p.lines();
         let said = lines.iter().find(|l| l["event"] == "state-untrusted");
@@ -686,11 +672,9 @@ fn node_affinity_is_read_at_the_first_create_and_each_resize() {
         "{violated}"
     );
     // The label baseline is in the pod's state, for a daemon started again.
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
     let kept: kata_topo_core::affinity::LabelBaseline = serde_json::from_slice(
-        &std::fs::read(p.checks.state_dir().join("node-labels.json")).expect("kept"),
+        &std::fs::read(p.pod.state_dir().join("node-labels.json")).expect("kept"),
     )
     .expect("baseline");
     assert_eq!(kept.node.labels["cores"], "2");
@@ -707,9 +691,7 @@ fn enforce_refuses_a_resize_on_a_node_that_no_longer_fits() {
     let p = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
     assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
     p.create();
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
     api.label("nic", "e810");
     // Another daemon for the same pod (the wrapper restarted).
     let again = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
@@ -726,9 +708,7 @@ fn enforce_refuses_a_resize_on_a_node_that_no_longer_fits() {
     };
     let before = api.gets();
     refused(
-        again
-            .checks
-            .on_create("c1", &again.dir.path().join("bundle")),
+        again.pod.on_create("c1", &again.dir.path().join("bundle")),
         "the recreate of container app",
     );
     refused(again.update(RESIZE), "the update of container app");
@@ -775,13 +755,11 @@ fn a_hung_api_server_costs_the_timeout_and_a_warning() {
 fn no_kubeconfig_no_affinity_check() {
     let p = pod("audit");
     assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
-    p.checks
+    p.pod
         .record_daemon("unix:///run/test/delegate.sock", Some(4242));
-    assert!(p
-        .checks
-        .flush_state(Instant::now() + Duration::from_secs(10)));
+    assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
     let record: DaemonRecord = serde_json::from_slice(
-        &std::fs::read(p.checks.state_dir().join("daemon.json")).expect("daemon"),
+        &std::fs::read(p.pod.state_dir().join("daemon.json")).expect("daemon"),
     )
     .expect("record");
     assert!(

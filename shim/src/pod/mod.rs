@@ -1,16 +1,16 @@
 //! The checks one pod's wrapper daemon runs on `Create` and `Update`, as plain methods
 //! testable without a ttrpc connection: a request comes in, an [`Outcome`] goes out; once
-//! the delegate accepted it, [`PodChecks::commit`] applies what it changed.
+//! the delegate accepted it, [`Pod::commit`] applies what it changed.
 //!
 //! Nothing here waits: not for the topology (loaded off the request path by
-//! [`PodChecks::spawn_refresher`]), not for a sink (log lines, events, metrics and state go
+//! [`Pod::spawn_refresher`]), not for a sink (log lines, events, metrics and state go
 //! through queues), not for the VM (looked at later by one timer thread).
 
 mod affinity;
 mod announce;
 mod host;
-mod kubelet;
 mod observe;
+mod pod_resources;
 mod specs;
 mod store;
 
@@ -37,7 +37,7 @@ use crate::error::ShimError;
 use affinity::NodeAffinity;
 use announce::Announcer;
 use kata_topo_core::affinity::NodeView;
-use kubelet::KubeletIntents;
+use pod_resources::KubeletIntents;
 
 /// The longest a check waits for its daemon's first topology load, when that load is under
 /// way: a new pod's daemon loads the topology while the delegate starts, and on a fresh node
@@ -111,7 +111,7 @@ pub(crate) struct Outputs {
 
 /// The checks of one pod's wrapper daemon.
 #[derive(Debug)]
-pub(crate) struct PodChecks {
+pub(crate) struct Pod {
     config: Config,
     /// Where the configuration came from, for the daemon's record.
     origin: (Option<PathBuf>, ConfigSource),
@@ -136,7 +136,7 @@ pub(crate) struct PodChecks {
     affinity: NodeAffinity,
 }
 
-impl PodChecks {
+impl Pod {
     /// The checks of pod `group`. Its state directory is created when it can be; when it
     /// cannot (a full or read-only disk), the daemon runs from memory and says so.
     pub(crate) fn new(
@@ -194,13 +194,13 @@ impl PodChecks {
         });
         Observer::start(
             Arc::downgrade(&checks),
-            |c: &PodChecks| &c.observer,
-            |c: &PodChecks, task, pid| c.observe(task, pid),
+            |c: &Pod| &c.observer,
+            |c: &Pod, task, pid| c.observe(task, pid),
         );
         checks
     }
 
-    /// Loads the topology now (tests; the daemon uses [`PodChecks::spawn_refresher`]).
+    /// Loads the topology now (tests; the daemon uses [`Pod::spawn_refresher`]).
     pub(crate) fn refresh(&self) {
         if self
             .host
