@@ -79,7 +79,7 @@ help:
 	@echo "make installer-image - the DaemonSet installer's image (deploy/installer/), to import on each node"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
-	@echo "make promtool - Prometheus's promtool from the Go module proxy (cached)"
+	@echo "make promtool - Prometheus's promtool out of Debian's prometheus package (cached)"
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make k8s-record - the real kubelet's PodResources answers under every Topology Manager policy and scope, kept as test fixtures"
@@ -195,16 +195,16 @@ vm-test: deps build-all
 k8s:
 	@$(TIMED) timed "make k8s" 'bash k8s/build.sh > /dev/null'
 
-# promtool (tools/promtool/): the github.com/prometheus/prometheus version tools/promtool/go.mod
-# pins, built like make k8s into KT_PROMTOOL_CACHE (default ~/.cache/kata-topo/promtool).
+# promtool out of Debian's prometheus package (tools/promtool.sh: why not built from source),
+# cached in target/promtool/.
 promtool:
-	@$(TIMED) timed "make promtool" 'bash tools/promtool/build.sh > /dev/null'
+	@$(TIMED) timed "make promtool" 'bash tools/promtool.sh > /dev/null'
 
 # The alerts and the dashboard (deploy/prometheus/, deploy/grafana/): promtool check rules on
 # every rules file, promtool test rules, the PrometheusRule against the plain file, and every
-# queried metric against what the metrics code writes. Fails when promtool cannot be built.
+# queried metric against what the metrics code writes. Fails when there is no promtool.
 alerts-test: deps
-	@out=$$(bash tools/promtool/build.sh) && \
+	@out=$$(bash tools/promtool.sh) && \
 	  KT_PROMTOOL=$$(tail -n 1 <<< "$$out") $(CARGO) test -p kata-topo-integration --locked --test alerts
 
 # The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,

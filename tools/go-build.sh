@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What make k8s (k8s/build.sh) and make promtool (tools/promtool/build.sh) share: Go commands
+# What make k8s (k8s/build.sh) builds its Go commands with: Go commands
 # built from the Go module proxy with the local Go toolchain (GOTOOLCHAIN=local), pinned by the
 # module's go.sum (-mod=readonly: a go.sum that does not match fails the build instead of being
 # rewritten), static and -trimpath, into a cache outside the work tree keyed by everything that

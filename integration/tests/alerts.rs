@@ -3,8 +3,8 @@
 //! (`promtool test rules`), the PrometheusRule holds the plain file's groups, and every metric
 //! (and label) an alert or a dashboard panel queries is one the wrapper's metrics code writes.
 //!
-//! promtool is `KT_PROMTOOL`, else what `tools/promtool/build.sh` (make promtool) builds or
-//! finds in its cache: without Go or the module proxy these tests fail, they never skip.
+//! promtool is `KT_PROMTOOL`, else the one `tools/promtool.sh` (make promtool) takes out of
+//! Debian's `prometheus` package: without apt's package these tests fail, they never skip.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -25,14 +25,14 @@ fn promtool() -> &'static Path {
             return PathBuf::from(p);
         }
         let out = Command::new("bash")
-            .arg(workspace().join("tools/promtool/build.sh"))
+            .arg(workspace().join("tools/promtool.sh"))
             .stderr(Stdio::inherit())
             .output()
             .expect("bash");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "promtool could not be built (make promtool): {stdout}"
+            "no promtool (make promtool): {stdout}"
         );
         PathBuf::from(stdout.lines().last().expect("the path of promtool").trim())
     })
