@@ -21,9 +21,12 @@
 //! `Lt`, where `NotIn` and `DoesNotExist` hold for an absent label, and `Gt`/`Lt` need an
 //! integer on both sides (anything else does not match); `matchFields` takes `In`/`NotIn` with
 //! exactly one value against `metadata.name`. A requirement upstream would refuse to parse
-//! (a wrong number of values, an unknown operator, a non-integer `Gt` value) makes its term
-//! match nothing, as upstream's lazy parse does. Label key and value syntax is not re-checked:
-//! the API server validated it when the pod was created.
+//! makes its term match nothing, as upstream's lazy parse does: a wrong number of values, an
+//! unknown operator, a non-integer `Gt` value, a key that is not a qualified name or a value
+//! that is not a label value (`labels.NewRequirement` checks both; the API server checks keys
+//! at admission but not values, so a pod may carry `In ["nvme ssd"]` or `Gt ["-1"]`, which can
+//! never match). The nodeSelector and `matchFields` are not checked for syntax, as upstream
+//! does not: they compare by equality.
 //!
 //! Pure: the Node and the Pod come in as the API server's JSON; nothing here does I/O.
 
@@ -544,21 +547,46 @@ enum Op {
 }
 
 impl Requirement {
-    /// The operator, when the requirement is one upstream's `labels.NewRequirement` accepts:
-    /// `In`/`NotIn` with at least one value, `Exists`/`DoesNotExist` with none, `Gt`/`Lt`
-    /// with exactly one integer.
-    fn op(&self) -> Option<Op> {
+    /// The operator, when the requirement is one upstream's `labels.NewRequirement` accepts
+    /// (else why not, the first thing it would refuse): a key that is a qualified name;
+    /// `In`/`NotIn` with at least one value, `Exists`/`DoesNotExist` with none, `Gt`/`Lt` with
+    /// exactly one integer; every value a label value.
+    fn op(&self) -> Result<Op, String> {
+        label::qualified_name(&self.key)?;
         let n = self.values.len();
-        let int = || (n == 1).then(|| parse_int(&self.values[0])).flatten();
-        match self.operator.as_str() {
-            "In" if n > 0 => Some(Op::In),
-            "NotIn" if n > 0 => Some(Op::NotIn),
-            "Exists" if n == 0 => Some(Op::Exists),
-            "DoesNotExist" if n == 0 => Some(Op::DoesNotExist),
-            "Gt" => int().map(Op::Gt),
-            "Lt" => int().map(Op::Lt),
-            _ => None,
+        let op = match self.operator.as_str() {
+            "In" | "NotIn" if n == 0 => {
+                return Err(format!("{} needs at least one value", self.operator))
+            }
+            "In" => Op::In,
+            "NotIn" => Op::NotIn,
+            "Exists" | "DoesNotExist" if n > 0 => {
+                return Err(format!("{} takes no value", self.operator))
+            }
+            "Exists" => Op::Exists,
+            "DoesNotExist" => Op::DoesNotExist,
+            "Gt" | "Lt" => {
+                let [v] = self.values.as_slice() else {
+                    return Err(format!("{} needs exactly one value", self.operator));
+                };
+                let int = parse_int(v)
+                    .ok_or_else(|| format!("{} needs an integer, not {v:?}", self.operator))?;
+                if self.operator == "Gt" {
+                    Op::Gt(int)
+                } else {
+                    Op::Lt(int)
+                }
+            }
+            other => {
+                return Err(format!(
+                    "operator {other:?} is none of In, NotIn, Exists, DoesNotExist, Gt, Lt"
+                ))
+            }
+        };
+        for v in &self.values {
+            label::label_value(v)?;
         }
+        Ok(op)
     }
 
     /// Whether the labels satisfy this requirement (upstream's `labels.Requirement.Matches`);
@@ -566,7 +594,7 @@ impl Requirement {
     fn matches(&self, labels: &Labels) -> Option<bool> {
         let value = labels.get(&self.key);
         let has = |v: &String| self.values.iter().any(|x| x == v);
-        Some(match self.op()? {
+        Some(match self.op().ok()? {
             Op::In => value.is_some_and(has),
             Op::NotIn => !value.is_some_and(has),
             Op::Exists => value.is_some(),
@@ -640,19 +668,25 @@ impl Term {
         if self.is_empty() {
             return "the term is empty and matches no node".into();
         }
+        // An invalid requirement first: whatever the labels, its term never matches.
         for r in &self.match_expressions {
-            match r.matches(&node.labels) {
-                None => return format!("{} is not a valid requirement", describe(r)),
-                Some(false) => {
-                    return format!(
-                        "{} fails: the node has {}",
-                        describe(r),
-                        node.labels
-                            .get(&r.key)
-                            .map_or_else(|| "no such label".into(), |v| format!("{v:?}"))
-                    )
-                }
-                Some(true) => {}
+            if let Err(why) = r.op() {
+                return format!(
+                    "{} is not a valid requirement ({why}), and a term holding one matches \
+                     no node",
+                    describe(r)
+                );
+            }
+        }
+        for r in &self.match_expressions {
+            if r.matches(&node.labels) == Some(false) {
+                return format!(
+                    "{} fails: the node has {}",
+                    describe(r),
+                    node.labels
+                        .get(&r.key)
+                        .map_or_else(|| "no such label".into(), |v| format!("{v:?}"))
+                );
             }
         }
         for r in &self.match_fields {
@@ -1011,5 +1045,6 @@ pub fn unavailable(reason: &str, policy: Policy, fail_closed: bool) -> Option<Fi
     found
 }
 
+mod label;
 #[cfg(test)]
 mod tests;

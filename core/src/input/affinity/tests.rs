@@ -61,8 +61,8 @@ fn every_operator_as_upstream_evaluates_it() {
         (req("cores", "Gt", &["8"]), true),
         (req("cores", "Gt", &["16"]), false),
         (req("cores", "Lt", &["17"]), true),
-        (req("cores", "Lt", &["-3"]), false),
-        (req("cores", "Gt", &["+15"]), true),
+        (req("cores", "Lt", &["3"]), false),
+        (req("cores", "Gt", &["015"]), true),
         // Gt/Lt on a label that is not an integer, or absent: no match.
         (req("gen", "Gt", &["1"]), false),
         (req("gen", "Lt", &["1"]), false),
@@ -97,6 +97,79 @@ fn requirements_upstream_refuses_match_nothing() {
         let t = term(vec![req("zone", "Exists", &[]), r.clone()]);
         assert!(!t.matches(&n), "{r:?}");
     }
+}
+
+#[test]
+fn label_syntax_upstream_refuses_matches_nothing() {
+    // Keys must be qualified names and values label values, as `labels.NewRequirement`
+    // checks them; a term holding such a requirement matches nothing.
+    let n = node(
+        "n1",
+        &[("cores", "16"), ("disk", "nvme ssd"), ("zone", "a")],
+    );
+    for r in [
+        // "-1" parses as an integer but is no label value.
+        req("cores", "Gt", &["-1"]),
+        req("cores", "Lt", &["-3"]),
+        req("cores", "Gt", &["+15"]),
+        // A space is in no label value, even one the node's label has.
+        req("disk", "In", &["ssd", "nvme ssd"]),
+        req("disk", "NotIn", &["hdd", "a b"]),
+        // A space is in no qualified name.
+        req("example.com/gpu model", "DoesNotExist", &[]),
+        req("zone", "In", &["a", "-a"]),
+        req("zone", "In", &["a", &"v".repeat(64)]),
+        req(&format!("{}/k", "p".repeat(254)), "Exists", &[]),
+        req(&"k".repeat(64), "DoesNotExist", &[]),
+        req("", "DoesNotExist", &[]),
+        req("/k", "DoesNotExist", &[]),
+        req("example.com/", "DoesNotExist", &[]),
+        req("a/b/c", "DoesNotExist", &[]),
+        req("Example.com/k", "DoesNotExist", &[]),
+        req("example..com/k", "DoesNotExist", &[]),
+        req("-k", "DoesNotExist", &[]),
+        req("k.", "DoesNotExist", &[]),
+        req("gpu\u{e9}", "DoesNotExist", &[]),
+    ] {
+        let t = term(vec![req("zone", "Exists", &[]), r.clone()]);
+        assert!(!t.matches(&n), "{r:?}");
+        let pod = required(vec![t]);
+        let f = check(&pod, &n, None, Policy::Restricted, false);
+        assert_eq!(rules(&f), ["node-affinity-violated"], "{r:?}");
+        assert!(
+            f[0].message.contains("not a valid requirement"),
+            "{}",
+            f[0].message
+        );
+    }
+    // What upstream accepts still matches: the longest key and value, an empty value, every
+    // character a name or value may hold.
+    for r in [
+        req("cores", "Gt", &["15"]),
+        req("cores", "Gt", &["0"]),
+        req("zone", "In", &["a", ""]),
+        req("zone", "In", &["a", &"v".repeat(63)]),
+        req("zone", "In", &["a", "A-b_c.9"]),
+        req(&format!("{}/k", "p".repeat(253)), "DoesNotExist", &[]),
+        req(&"k".repeat(63), "DoesNotExist", &[]),
+        req("example.com/Gpu_Model-2.x", "DoesNotExist", &[]),
+        req("a-1.b/K", "DoesNotExist", &[]),
+    ] {
+        let t = term(vec![req("zone", "Exists", &[]), r.clone()]);
+        assert!(t.matches(&n), "{r:?}");
+    }
+    // The nodeSelector and matchFields are not validated, as upstream does not: they match
+    // by equality.
+    let pod = PodPlacement {
+        node_selector: [("disk".to_string(), "nvme ssd".to_string())].into(),
+        ..PodPlacement::default()
+    };
+    assert!(required_matches(&pod, &n));
+    let by_odd_name = Term {
+        match_expressions: Vec::new(),
+        match_fields: vec![req("metadata.name", "In", &["node 1"])],
+    };
+    assert!(by_odd_name.matches(&node("node 1", &[])));
 }
 
 #[test]
@@ -479,8 +552,9 @@ proptest! {
         let gt = term(vec![req("k", "Gt", &[&b])]).matches(&n);
         let lt = term(vec![req("k", "Lt", &[&b])]).matches(&n);
         match value.parse::<i64>() {
-            Ok(v) => { prop_assert_eq!(gt, v > bound); prop_assert_eq!(lt, v < bound); }
-            Err(_) => prop_assert!(!gt && !lt),
+            // A negative bound is no label value: upstream refuses it.
+            Ok(v) if bound >= 0 => { prop_assert_eq!(gt, v > bound); prop_assert_eq!(lt, v < bound); }
+            _ => prop_assert!(!gt && !lt),
         }
     }
 
