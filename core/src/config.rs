@@ -92,8 +92,9 @@ fn default_api_timeout() -> u64 {
     500
 }
 
-/// `kubeconfig = ""` switches the affinity check off.
-fn kubeconfig_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+/// An optional path: `""` is none (`kubeconfig = ""` switches the affinity check off,
+/// `kubelet_config_dir = ""` says the kubelet has no drop-in directory).
+fn optional_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
     let p = PathBuf::deserialize(d)?;
     Ok((!p.as_os_str().is_empty()).then_some(p))
 }
@@ -160,13 +161,17 @@ pub struct Config {
     /// manager policies.
     #[serde(default = "default_kubelet_config")]
     pub kubelet_config: PathBuf,
+    /// The kubelet's drop-in directory (its `--config-dir`), merged over `kubelet_config` as
+    /// the kubelet merges it; `None` (the default, or `""`): the kubelet runs without one.
+    #[serde(default, deserialize_with = "optional_path")]
+    pub kubelet_config_dir: Option<PathBuf>,
     /// The longest one question to the kubelet may take, in milliseconds.
     #[serde(default = "default_kubelet_timeout")]
     pub kubelet_timeout_ms: u64,
     /// The node's credentials for the API server (the kubelet's kubeconfig): the pods' node
     /// affinity is re-checked against the node's labels when it exists; `""` (`None`) or no
     /// file switches the check off.
-    #[serde(default = "default_kubeconfig", deserialize_with = "kubeconfig_path")]
+    #[serde(default = "default_kubeconfig", deserialize_with = "optional_path")]
     pub kubeconfig: Option<PathBuf>,
     /// The node's name in the API server; `None`: the host name, in lower case, as the
     /// kubelet names its node.
@@ -200,6 +205,7 @@ impl Default for Config {
             intent_source: IntentSource::default(),
             kubelet_pod_resources_socket: default_kubelet_socket(),
             kubelet_config: default_kubelet_config(),
+            kubelet_config_dir: None,
             kubelet_timeout_ms: default_kubelet_timeout(),
             kubeconfig: default_kubeconfig(),
             node_name: None,
@@ -251,6 +257,7 @@ impl Config {
                 Some(&self.kubelet_pod_resources_socket),
             ),
             ("kubelet_config", Some(&self.kubelet_config)),
+            ("kubelet_config_dir", self.kubelet_config_dir.as_ref()),
             ("kubeconfig", self.kubeconfig.as_ref()),
         ] {
             if let Some(p) = p {
@@ -467,6 +474,7 @@ pod_overrides = "none"
 intent_source = "annotations"
 kubelet_pod_resources_socket = "/run/kubelet/pod-resources.sock"
 kubelet_config = "/etc/kubernetes/kubelet.yaml"
+kubelet_config_dir = "/etc/kubernetes/kubelet.conf.d"
 kubelet_timeout_ms = 40
 kubeconfig = "/etc/kata-topo/node.kubeconfig"
 node_name = "worker-7.example"
@@ -500,6 +508,10 @@ api_timeout_ms = 250
             Path::new("/run/kubelet/pod-resources.sock")
         );
         assert_eq!(c.kubelet_config, Path::new("/etc/kubernetes/kubelet.yaml"));
+        assert_eq!(
+            c.kubelet_config_dir.as_deref(),
+            Some(Path::new("/etc/kubernetes/kubelet.conf.d"))
+        );
         assert_eq!(c.kubelet_timeout_ms, 40);
         assert_eq!(
             c.kubeconfig.as_deref(),
@@ -508,8 +520,10 @@ api_timeout_ms = 250
         assert_eq!(c.node_name.as_deref(), Some("worker-7.example"));
         assert_eq!(c.api_timeout_ms, 250);
         // An empty kubeconfig switches the affinity check off.
-        let off = parse("[topology_guard]\nkubeconfig = \"\"\n").expect("valid");
+        let off = parse("[topology_guard]\nkubeconfig = \"\"\nkubelet_config_dir = \"\"\n")
+            .expect("valid");
         assert_eq!(off.kubeconfig, None);
+        assert_eq!(off.kubelet_config_dir, None);
     }
 
     #[test]
@@ -528,6 +542,7 @@ api_timeout_ms = 250
             Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
         );
         assert_eq!(c.kubelet_config, Path::new("/var/lib/kubelet/config.yaml"));
+        assert_eq!(c.kubelet_config_dir, None);
         assert!(c.kubelet_timeout_ms > 0 && c.kubelet_timeout_ms <= 100);
         assert_eq!(
             c.kubeconfig.as_deref(),
@@ -557,6 +572,7 @@ api_timeout_ms = 250
             ("kubelet_timeout_ms = 60000", "kubelet_timeout_ms"),
             ("kubelet_timeout_ms = -1", "kubelet_timeout_ms"),
             ("kubelet_config = \"config.yaml\"", "kubelet_config"),
+            ("kubelet_config_dir = \"conf.d\"", "kubelet_config_dir"),
             ("kubeconfig = \"kubelet.conf\"", "kubeconfig"),
             ("kubeconfig = 1", "kubeconfig"),
             ("api_timeout_ms = 0", "api_timeout_ms"),

@@ -63,6 +63,7 @@ fn admitted(policy: Policy, scope: TopologyScope, gpu_node: &str) -> KubeletView
             topology_manager_scope: scope,
             cpu_manager_policy: "static".into(),
             memory_manager_policy: "Static".into(),
+            policy_from: None,
         },
     }
 }

@@ -58,7 +58,13 @@ pub fn intent_for(
     let (Some(namespace), Some(name)) = (&pod.namespace, &pod.name) else {
         return None;
     };
-    Some(ask(&client, &config.kubelet_config, namespace, name))
+    Some(ask(
+        &client,
+        &config.kubelet_config,
+        config.kubelet_config_dir.as_deref(),
+        namespace,
+        name,
+    ))
 }
 
 /// The client `[topology_guard]` configures.
@@ -71,20 +77,27 @@ pub fn client_for(config: &kata_topo_core::config::Config) -> PodResourcesClient
 
 /// Asks the kubelet what it admitted for pod `namespace/name` (PodResources `Get`; the API
 /// carries no uid, so namespace and name identify the pod) and reads the node's kubelet
-/// settings from `kubelet_config`. Never waits longer than the client's deadline for the
-/// kubelet; anything that goes wrong is a [`KubeletView::Unavailable`] saying why.
+/// settings from `kubelet_config` and the drop-ins of `kubelet_config_dir`. Never waits
+/// longer than the client's deadline for the kubelet; anything that goes wrong is a
+/// [`KubeletView::Unavailable`] saying why — settings that cannot be known included: the
+/// policy is then not guessed.
 pub fn ask(
     client: &PodResourcesClient,
     kubelet_config: &Path,
+    kubelet_config_dir: Option<&Path>,
     namespace: &str,
     name: &str,
 ) -> KubeletView {
     let unavailable = |reason: String| KubeletView::Unavailable { reason };
     match client.get(namespace, name).and_then(|p| admission(&p)) {
         Ok(pod) if pod.namespace == namespace && pod.name == name => {
-            match KubeletSettings::read(kubelet_config) {
+            match KubeletSettings::read_merged(kubelet_config, kubelet_config_dir) {
                 Ok(settings) => KubeletView::Admitted { pod, settings },
-                Err(e) => unavailable(kata_topo_core::text::error_chain(&e)),
+                Err(e) => unavailable(format!(
+                    "the kubelet's Topology Manager policy cannot be known, and is not \
+                     guessed: {}",
+                    kata_topo_core::text::error_chain(&e)
+                )),
             }
         }
         Ok(pod) => unavailable(format!(

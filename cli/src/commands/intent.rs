@@ -31,7 +31,8 @@ pub(crate) struct IntentArgs {
     /// node's [topology_guard] (KATA_TOPO_CONFIG, else Kata's default paths).
     #[arg(long, value_name = "SOCK")]
     socket: Option<PathBuf>,
-    /// The kubelet's configuration. Default: `kubelet_config` of the node's [topology_guard].
+    /// The kubelet's configuration, read alone. Default: `kubelet_config` of the node's
+    /// [topology_guard], with the drop-ins of its `kubelet_config_dir`.
     #[arg(long, value_name = "FILE")]
     kubelet_config: Option<PathBuf>,
     /// The deadline of the question, in milliseconds. Default: `kubelet_timeout_ms`.
@@ -86,11 +87,16 @@ pub(crate) fn recorded(
 pub(crate) fn intent(args: &IntentArgs) -> Result<ExitCode> {
     let (namespace, name) = pod_name(&args.pod)?;
     let node = Config::resolve(None)?.config;
-    let kubelet_config = args.kubelet_config.clone().unwrap_or(node.kubelet_config);
+    // An explicit configuration file is read alone; the node's with its drop-ins.
+    let (kubelet_config, kubelet_config_dir) = match &args.kubelet_config {
+        Some(file) => (file.clone(), None),
+        None => (node.kubelet_config, node.kubelet_config_dir),
+    };
     let view = match &args.pod_resources {
         Some(path) => {
-            let settings = KubeletSettings::read(&kubelet_config)
-                .map_err(|e| kata_topo_core::text::error_chain(&e));
+            let settings =
+                KubeletSettings::read_merged(&kubelet_config, kubelet_config_dir.as_deref())
+                    .map_err(|e| kata_topo_core::text::error_chain(&e));
             recorded(path, settings, namespace, name)?
         }
         None => {
@@ -100,7 +106,13 @@ pub(crate) fn intent(args: &IntentArgs) -> Result<ExitCode> {
                 .unwrap_or(node.kubelet_pod_resources_socket);
             let timeout = args.timeout_ms.unwrap_or(node.kubelet_timeout_ms);
             let client = PodResourcesClient::new(socket, Duration::from_millis(timeout));
-            kata_topo_kubelet::ask(&client, &kubelet_config, namespace, name)
+            kata_topo_kubelet::ask(
+                &client,
+                &kubelet_config,
+                kubelet_config_dir.as_deref(),
+                namespace,
+                name,
+            )
         }
     };
     let (value, code) = match &view {

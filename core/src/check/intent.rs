@@ -341,6 +341,7 @@ impl KubeletIntent {
     pub fn reported(&self) -> serde_json::Value {
         json!({
             "topology_manager_policy": self.settings.topology_manager_policy.to_string(),
+            "topology_manager_policy_from": self.settings.policy_from,
             "topology_manager_scope": self.settings.topology_manager_scope.to_string(),
             "cpu_manager_policy": self.settings.cpu_manager_policy,
             "memory_manager_policy": self.settings.memory_manager_policy,

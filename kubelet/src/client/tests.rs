@@ -207,7 +207,7 @@ fn asking_gives_the_admission_or_why_not() {
     )
     .expect("config");
     let client = kubelet.client(ANSWER_WITHIN);
-    match crate::ask(&client, &config, "default", "guaranteed") {
+    match crate::ask(&client, &config, None, "default", "guaranteed") {
         KubeletView::Admitted { pod, settings } => {
             assert_eq!(settings.topology_manager_scope, TopologyScope::Pod);
             let app = pod.container("app").expect("app");
@@ -219,17 +219,40 @@ fn asking_gives_the_admission_or_why_not() {
     }
     // The answer is for another pod than asked: not used.
     assert!(matches!(
-        crate::ask(&client, &config, "default", "other"),
+        crate::ask(&client, &config, None, "default", "other"),
         KubeletView::Unavailable { reason } if reason.contains("default/guaranteed")
     ));
     // Without the kubelet's configuration, no policy to apply: unavailable, saying so.
     assert!(matches!(
-        crate::ask(&client, &kubelet.dir().join("none.yaml"), "default", "guaranteed"),
+        crate::ask(&client, &kubelet.dir().join("none.yaml"), None, "default", "guaranteed"),
         KubeletView::Unavailable { reason } if reason.contains("configuration")
+    ));
+    // A drop-in over it sets the policy; one that leaves it unknowable says so.
+    let drop_ins = kubelet.dir().join("kubelet.conf.d");
+    std::fs::create_dir(&drop_ins).expect("mkdir");
+    std::fs::write(
+        drop_ins.join("10.conf"),
+        "topologyManagerPolicy: restricted\n",
+    )
+    .expect("drop-in");
+    match crate::ask(&client, &config, Some(&drop_ins), "default", "guaranteed") {
+        KubeletView::Admitted { settings, .. } => {
+            assert_eq!(
+                settings.topology_manager_policy,
+                kata_topo_core::Policy::Restricted
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    std::fs::write(drop_ins.join("20.conf"), "topologyManagerPolicy: ~\n").expect("drop-in");
+    assert!(matches!(
+        crate::ask(&client, &config, Some(&drop_ins), "default", "guaranteed"),
+        KubeletView::Unavailable { reason }
+            if reason.contains("policy cannot be known") && reason.contains("20.conf")
     ));
     let hung = FakeKubelet::start(Behaviour::Hung);
     assert!(matches!(
-        crate::ask(&hung.client(TIMEOUT), &config, "default", "guaranteed"),
+        crate::ask(&hung.client(TIMEOUT), &config, None, "default", "guaranteed"),
         KubeletView::Unavailable { reason } if reason.contains("did not answer within 300 ms")
     ));
 }
