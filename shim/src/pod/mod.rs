@@ -693,4 +693,783 @@ impl Pod {
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod testing;
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::testing::{pod, pod_configured, pod_with, write_bundle, TestPod};
+    use super::*;
+    use kata_topo_core::testutil::GPU;
+    use kata_topo_core::Rule;
+    use kata_topo_proto::wire::Code;
+
+    const CROSS: &str = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
+
+    #[test]
+    fn repeated_identical_findings_are_announced_once() {
+        let p = pod("audit");
+        p.create();
+        assert_eq!(p.finding_lines(), 0);
+        p.update(CROSS);
+        let first = p.finding_lines();
+        assert_eq!(first, 2, "cpu-outside-intent and vfio-remote");
+        // The reconcile loop pushes the same cpuset: a noop with the same findings.
+        p.update(CROSS);
+        p.update(CROSS);
+        assert_eq!(p.finding_lines(), first);
+        // Back on node 1: clean, re-arms; crossing again is announced again.
+        p.update(r#"{"cpu":{"cpus":"1"}}"#);
+        assert_eq!(p.finding_lines(), first);
+        p.update(CROSS);
+        assert_eq!(p.finding_lines(), first * 2);
+        // The latest verdict is kept for `kata-topo status`.
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        let kept = p.pod.state_dir().join("verdicts/c1.json");
+        let v: Verdict =
+            serde_json::from_slice(&std::fs::read(kept).expect("verdict")).expect("json");
+        assert_eq!(v.findings.len(), 2);
+    }
+
+    #[test]
+    fn enforce_refuses_with_failed_precondition_naming_rule_and_pod() {
+        let p = pod("enforce");
+        p.create();
+        match p.update(r#"{"cpu":{"cpus":"0"}}"#) {
+            Outcome::Refuse(e) => {
+                assert_eq!(e.code(), Code::FailedPrecondition);
+                let m = e.to_string();
+                assert!(
+                    m.contains("vfio-remote") && m.contains("ns/pod") && m.contains("expected"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The refused update was not committed: the task still has its create-time resources.
+        let record = p.pod.store.task("c1").expect("task");
+        assert_eq!(record.resources, None);
+        assert_eq!(record.pid, Some(7));
+        assert!(matches!(
+            p.update(r#"{"cpu":{"quota":200000}}"#),
+            Outcome::Forward(_)
+        ));
+    }
+
+    #[test]
+    fn unknown_tasks_and_malformed_updates_are_check_failed_not_refused() {
+        let p = pod("enforce");
+        assert!(matches!(
+            p.pod.on_update("nobody", b"{}"),
+            Outcome::Forward(None)
+        ));
+        p.create();
+        assert!(matches!(
+            p.pod.on_update("c1", b"{not json"),
+            Outcome::Forward(None)
+        ));
+        let lines = p.lines();
+        assert!(
+            lines.iter().any(|l| l["rule"] == "check-failed"
+                && l["msg"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("was not created through this wrapper"))),
+            "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn sandbox_delete_removes_the_pod_state() {
+        let p = pod("audit");
+        p.create();
+        assert!(p
+            .pod
+            .store
+            .baseline(&BaselineOf::Container("app".into()))
+            .is_some());
+        if let Outcome::Forward(Some(accept)) = p.pod.on_delete("c1") {
+            p.pod.commit(accept, None);
+        }
+        assert!(p.pod.store.task("c1").is_none());
+        assert!(
+            p.pod
+                .store
+                .baseline(&BaselineOf::Container("app".into()))
+                .is_some(),
+            "kept for a recreate"
+        );
+        if let Outcome::Forward(Some(accept)) = p.pod.on_delete("sb1") {
+            p.pod.commit(accept, None);
+        }
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        assert!(!p.pod.state_dir().exists());
+    }
+
+    /// Task records and baselines live in memory: a state directory that cannot be written (a
+    /// full disk) costs the mirror, never a decision.
+    #[test]
+    fn a_state_dir_that_cannot_be_written_changes_no_decision() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        // A file where the state directory should be: nothing can be created under it.
+        let blocked = outside.path().join("state");
+        std::fs::write(&blocked, "not a directory").expect("block");
+        let p = pod_with("enforce", Some(&blocked.join("sub")), true);
+        p.create();
+        match p.update(CROSS) {
+            Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
+            other => panic!("enforce must still refuse: {other:?}"),
+        }
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        let lines = p.lines();
+        assert!(
+            lines.iter().any(|l| l["event"] == "state-failed"),
+            "the failed writes are reported: {lines:#?}"
+        );
+        assert!(p.pod.sinks.drops.get(kata_topo_sinks::Sink::State) > 0);
+    }
+
+    /// A create that arrives before the topology loaded (and with no load under way, which a
+    /// check would wait for, a bounded time) is forwarded at once, reported as not checked, and
+    /// its baseline is recorded once the topology is there.
+    #[test]
+    fn a_create_before_the_topology_is_forwarded_and_recorded_later() {
+        let p = pod_with("enforce", None, false);
+        match p.pod.on_create("c1", &p.dir.path().join("bundle")) {
+            Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(7)),
+            other => panic!("forwarded: {other:?}"),
+        }
+        let lines = p.lines();
+        assert!(
+            lines.iter().any(|l| l["rule"] == "check-failed"
+                && l["msg"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("still loading"))),
+            "{lines:#?}"
+        );
+        let app = BaselineOf::Container("app".into());
+        assert!(p.pod.store.baseline(&app).is_none());
+        p.pod.refresh();
+        let b = p.pod.store.baseline(&app).expect("recorded after the load");
+        assert_eq!(b.cpus.map(|c| c.to_string()).as_deref(), Some("1"));
+        // From now on the pod is checked against it.
+        assert!(matches!(p.update(CROSS), Outcome::Refuse(_)));
+    }
+
+    /// A stream of updates keeps at most one look at the VM pending per task.
+    #[test]
+    fn vm_looks_are_coalesced_per_task() {
+        let p = pod("audit");
+        p.create();
+        for _ in 0..1000 {
+            p.update(r#"{"cpu":{"quota":100000}}"#);
+        }
+        assert!(p.pod.observer.pending() <= 1);
+    }
+
+    /// An audit pod (with a metrics textfile, with `metrics`) whose procfs root holds a copy of the
+    /// recorded QEMU (pid 17832), daemonized as Kata starts it (its parent is init): it is the
+    /// sandbox `sb1`'s by its cgroup, which Kata names after the sandbox (the recording has none:
+    /// it is added here). The copy lives as long as the directory returned.
+    fn with_recorded_qemu(metrics: bool) -> (tempfile::TempDir, TestPod) {
+        let recorded = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../core/tests/fixtures/vmm/qemu-kvm/proc"
+        );
+        let tree = tempfile::tempdir().expect("tempdir");
+        let copied = std::process::Command::new("cp")
+            .args(["-a", recorded])
+            .arg(tree.path())
+            .status()
+            .expect("cp");
+        assert!(copied.success());
+        let procfs = tree.path().join("proc");
+        std::fs::write(procfs.join("17832/cgroup"), "0::/kata_overhead/sb1\n").expect("cgroup");
+        let pod = pod_configured(
+            "audit",
+            None,
+            true,
+            &format!("procfs_root = \"{}\"\n", procfs.display()),
+            metrics,
+        );
+        (tree, pod)
+    }
+
+    /// What the VM view finds after the delegate applied a request goes where every other verdict
+    /// goes: counted, logged, and kept for `kata-topo status` (and so for node-problem-detector's
+    /// custom plugin) beside the verdict of the request itself, which it does not replace.
+    #[test]
+    fn the_vm_observation_is_kept_counted_and_logged_like_every_verdict() {
+        // A recorded QEMU whose vCPU threads may run on CPUs 0-1; the pod is on node 1 (CPU 1).
+        let (_tree, p) = with_recorded_qemu(true);
+        match p.pod.on_create("c1", &p.dir.path().join("bundle")) {
+            Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(17832)),
+            other => panic!("create: {other:?}"),
+        }
+        let logged = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            p.lines().iter().any(|l| l["rule"] == "vcpu-affinity-drift")
+        });
+        assert!(logged, "{:#?}", p.lines());
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        let pods = kata_topo_core::state::list(
+            p.pod
+                .state_dir()
+                .parent()
+                .and_then(Path::parent)
+                .expect("state_dir"),
+        )
+        .expect("state");
+        assert_eq!(pods.len(), 1);
+        let rules: Vec<(String, Rule)> = pods[0]
+            .verdicts
+            .iter()
+            .flat_map(|(task, v)| v.findings.iter().map(move |f| (task.clone(), f.rule)))
+            .collect();
+        assert!(
+            rules
+                .iter()
+                .any(|(task, rule)| task.starts_with("c1") && *rule == Rule::VcpuAffinityDrift),
+            "kept for kata-topo status: {rules:?}"
+        );
+        // The create's own verdict is still there: the observation is kept beside it.
+        assert!(
+            pods[0]
+                .verdicts
+                .iter()
+                .any(|(task, v)| task == "c1" && v.operation == Operation::Create),
+            "{:?}",
+            pods[0].verdicts
+        );
+        let counted = (0..50).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            p.metrics()
+                .contains("rule=\"vcpu-affinity-drift\",severity=\"error\"} 1")
+        });
+        assert!(counted, "{}", p.metrics());
+    }
+
+    /// The VM view after an update of the sandbox holds the sandbox to its own baseline, as the
+    /// update's check does: the observation once read only container baselines, so a sandbox's
+    /// vCPUs floating off the nodes it was admitted on went unreported.
+    #[test]
+    fn the_sandboxs_vm_observation_holds_it_to_the_sandboxs_baseline() {
+        // The recorded QEMU may run its vCPU threads on CPUs 0-1 (nodes 0 and 1).
+        let (_tree, p) = with_recorded_qemu(false);
+        // The sandbox, on CPU 1 (node 1), with no annotation naming nodes: its baseline does.
+        let bundle = p.dir.path().join("sandbox");
+        write_bundle(
+            &bundle,
+            serde_json::json!({
+                "io.kubernetes.cri.container-type": "sandbox",
+                "io.kubernetes.cri.sandbox-id": "sb1",
+                "io.kubernetes.cri.sandbox-name": "pod",
+                "io.kubernetes.cri.sandbox-namespace": "ns"
+            }),
+            serde_json::json!({"resources": {"cpu": {"cpus": "1"}}}),
+        );
+        match p.pod.on_create("sb1", &bundle) {
+            Outcome::Forward(Some(accept)) => p.pod.commit(accept, Some(17832)),
+            other => panic!("create: {other:?}"),
+        }
+        match p
+            .pod
+            .on_update("sb1", br#"{"cpu": {"quota": 200000, "period": 100000}}"#)
+        {
+            Outcome::Forward(Some(accept)) => p.pod.commit(accept, None),
+            other => panic!("update: {other:?}"),
+        }
+        let drift = |l: &serde_json::Value| {
+            l["rule"] == "vcpu-affinity-drift" && l["container_id"] == "sb1"
+        };
+        let logged = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            p.lines().iter().any(drift)
+        });
+        assert!(logged, "{:#?}", p.lines());
+        let line = p.lines().into_iter().find(drift).expect("logged");
+        assert_eq!(line["intent_source"], "baseline", "{line:#}");
+    }
+
+    /// A state directory someone else could have written (another owner, group or others may
+    /// write it, or a symbolic link on its path) is never used: nothing planted there is read,
+    /// nothing is written there, the checks run from memory and the log says why.
+    #[test]
+    fn an_untrusted_state_dir_is_never_used_and_the_log_says_why() {
+        use std::os::unix::fs::PermissionsExt;
+        for case in [
+            "writable by others",
+            "another owner",
+            "a symlink on its path",
+        ] {
+            let outside = tempfile::tempdir().expect("tempdir");
+            let real = outside.path().join("real");
+            std::fs::create_dir(&real).expect("dir");
+            let state = real.join("state");
+            std::fs::create_dir(&state).expect("state");
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700))
+                .expect("chmod");
+            // A planted baseline on node 0: were it believed, the push to CPU 0 would be clean.
+            let planted = state.join("k8s.io/sb1/containers");
+            std::fs::create_dir_all(&planted).expect("plant");
+            std::fs::write(
+                planted.join("app.json"),
+                serde_json::json!({
+                    "version": 1, "sandbox_id": "sb1", "container_name": "app", "cpus": "0",
+                    "mems": null, "cpu_nodes": "0", "devices": [], "topology_fingerprint": ""
+                })
+                .to_string(),
+            )
+            .expect("plant");
+            let (configured, why) = match case {
+                "writable by others" => {
+                    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777))
+                        .expect("chmod");
+                    (state.clone(), "0777")
+                }
+                "another owner" => {
+                    std::os::unix::fs::chown(&state, Some(65534), None).expect("chown");
+                    (state.clone(), "uid 65534")
+                }
+                _ => {
+                    std::os::unix::fs::symlink(&real, outside.path().join("link")).expect("link");
+                    (outside.path().join("link/state"), "symbolic link")
+                }
+            };
+            let before = files_under(&state);
+            let p = pod_with("enforce", Some(&configured), true);
+            p.create();
+            let app = p
+                .pod
+                .store
+                .baseline(&BaselineOf::Container("app".into()))
+                .expect("a baseline");
+            assert_eq!(
+                app.cpus.map(|c| c.to_string()).as_deref(),
+                Some("1"),
+                "{case}: the planted baseline was read"
+            );
+            assert!(
+                matches!(p.update(CROSS), Outcome::Refuse(_)),
+                "{case}: the planted baseline was believed"
+            );
+            assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+            assert_eq!(files_under(&state), before, "{case}: written into");
+            let lines = p.lines();
+            let said = lines.iter().find(|l| l["event"] == "state-untrusted");
+            let said =
+                said.unwrap_or_else(|| panic!("{case}: no state-untrusted line: {lines:#?}"));
+            let error = said["error"].as_str().unwrap_or_default();
+            assert!(error.contains(why), "{case}: {error}");
+        }
+    }
+
+    /// Every file and directory under `dir`, with its size.
+    fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).expect("list").flatten() {
+                let meta = std::fs::symlink_metadata(e.path()).expect("meta");
+                if meta.is_dir() {
+                    todo.push(e.path());
+                }
+                out.push((e.path(), meta.len()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The node's `mode = "enforce"` is not the pod's to switch off: a pod annotated
+    /// `kata-topo.io/mode: audit` and `kata-topo.io/policy: none` still has its cross-node push
+    /// refused, and the log names each ignored annotation.
+    #[test]
+    fn a_pod_annotation_cannot_switch_the_nodes_enforcement_off() {
+        let p = pod("enforce");
+        let config = p.dir.path().join("bundle/config.json");
+        let mut spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).expect("spec")).expect("json");
+        spec["annotations"]["kata-topo.io/mode"] = "audit".into();
+        spec["annotations"]["kata-topo.io/policy"] = "none".into();
+        std::fs::write(&config, spec.to_string()).expect("spec");
+        p.create();
+        match p.update(CROSS) {
+            Outcome::Refuse(e) => assert_eq!(e.code(), Code::FailedPrecondition),
+            other => panic!("the pod switched enforcement off: {other:?}"),
+        }
+        let lines = p.lines();
+        for annotation in ["kata-topo.io/mode", "kata-topo.io/policy"] {
+            assert!(
+                lines.iter().any(|l| l["rule"] == "override-ignored"
+                    && l["observed"]["annotation"] == annotation
+                    && l["decision"] == "reject"),
+                "{annotation}: {lines:#?}"
+            );
+        }
+    }
+
+    /// A kubelet that accepts and never answers costs a create and a resize the deadline and no
+    /// more; each is checked against the annotations, with a `kubelet-intent-unavailable` warning
+    /// saying why, and a cpuset push does not ask again.
+    #[test]
+    fn a_hung_kubelet_costs_the_deadline_and_a_warning() {
+        let sockets = tempfile::tempdir().expect("tempdir");
+        let socket = sockets.path().join("kubelet.sock");
+        // Listening, never accepting: connections wait in the backlog, no answer comes.
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let kubelet_config = sockets.path().join("config.yaml");
+        std::fs::write(&kubelet_config, "topologyManagerPolicy: restricted\n").expect("config");
+        let p = pod_configured(
+            "audit",
+            None,
+            true,
+            &format!(
+                "intent_source = \"kubelet\"\nkubelet_pod_resources_socket = \"{}\"\n\
+             kubelet_config = \"{}\"\nkubelet_timeout_ms = 100\n",
+                socket.display(),
+                kubelet_config.display()
+            ),
+            false,
+        );
+        let why = "did not answer within 100 ms";
+        let started = Instant::now();
+        p.create();
+        let create = started.elapsed();
+        let resize = r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#;
+        let started = Instant::now();
+        assert!(matches!(p.update(resize), Outcome::Forward(_)));
+        let update = started.elapsed();
+        for took in [create, update] {
+            assert!(took < Duration::from_millis(600), "{took:?}");
+        }
+        assert!(create >= Duration::from_millis(100), "{create:?}");
+        // The CPU manager's push: only the cpuset changes (to node 0, across the pod's intent).
+        let started = Instant::now();
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"0"}}"#),
+            Outcome::Forward(_)
+        ));
+        let push = started.elapsed();
+        let lines = p.lines();
+        let unavailable: Vec<_> = lines
+            .iter()
+            .filter(|l| l["rule"] == "kubelet-intent-unavailable")
+            .collect();
+        assert!(!unavailable.is_empty(), "{lines:#?}");
+        for l in &unavailable {
+            assert_eq!(l["severity"], "warning");
+            assert_eq!(l["intent_source"], "annotations");
+            assert!(l["msg"].as_str().is_some_and(|m| m.contains(why)), "{l}");
+        }
+        // The cross-node push is still caught, against the pod's annotation.
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["rule"] == "cpu-outside-intent" && l["intent_source"] == "annotations"),
+            "{lines:#?}"
+        );
+        // The push asked nothing: no deadline spent on it.
+        assert!(push < Duration::from_millis(100), "{push:?}");
+    }
+
+    /// With a kubelet that answers, the pod's intent is what it admitted: every line says
+    /// `intent_source: kubelet` with the kubelet's report nested; a cpuset push off the exclusive
+    /// CPUs is `kubelet-cpus-mismatch`. The kubelet is asked once at the create, not at the push,
+    /// and again at a resize.
+    #[test]
+    fn the_kubelet_is_the_intent_and_is_asked_at_creates_and_resizes_only() {
+        use kata_topo_kubelet::fake::FakeKubelet;
+        use kata_topo_kubelet::v1;
+        let gpu_node_1 = v1::TopologyInfo {
+            nodes: vec![v1::NumaNode { id: 1 }],
+        };
+        let kubelet = FakeKubelet::answering(v1::PodResources {
+            name: "pod".into(),
+            namespace: "ns".into(),
+            containers: vec![v1::ContainerResources {
+                name: "app".into(),
+                cpu_ids: vec![1],
+                devices: vec![v1::ContainerDevices {
+                    resource_name: "kata-topo.io/vfio".into(),
+                    device_ids: vec![GPU.into()],
+                    topology: Some(gpu_node_1),
+                }],
+                ..Default::default()
+            }],
+        });
+        let kubelet_config = kubelet.dir().join("config.yaml");
+        std::fs::write(
+            &kubelet_config,
+            "cpuManagerPolicy: static\ntopologyManagerPolicy: restricted\n",
+        )
+        .expect("config");
+        let p = pod_configured(
+            "audit",
+            None,
+            true,
+            &format!(
+                "kubelet_pod_resources_socket = \"{}\"\nkubelet_config = \"{}\"\n",
+                kubelet.socket().display(),
+                kubelet_config.display()
+            ),
+            false,
+        );
+        p.create();
+        assert_eq!(kubelet.calls(), 1);
+        // The CPU manager's push to node 0: checked against the answer kept.
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"0"}}"#),
+            Outcome::Forward(_)
+        ));
+        assert_eq!(kubelet.calls(), 1, "a cpuset push asks nothing");
+        let lines = p.lines();
+        let mismatch = lines
+            .iter()
+            .find(|l| l["rule"] == "kubelet-cpus-mismatch")
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert_eq!(mismatch["severity"], "error");
+        assert_eq!(mismatch["intent_source"], "kubelet");
+        assert_eq!(mismatch["kubelet"]["cpus"], "1");
+        assert_eq!(mismatch["kubelet"]["topology_manager_policy"], "restricted");
+        assert_eq!(mismatch["expected"]["cpus"], "1");
+        assert!(lines
+            .iter()
+            .filter(|l| l["event"] == "finding")
+            .all(|l| l["intent_source"] == "kubelet"));
+        // A resize asks again.
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#),
+            Outcome::Forward(_)
+        ));
+        assert_eq!(kubelet.calls(), 2);
+    }
+
+    /// A fake API server with node `worker-1` (its labels as `labels` holds them, changeable) and
+    /// pod `ns/pod` requiring `nic In [mlx5]` and `cores Gt 1`, owned by ReplicaSet `pod-rs`;
+    /// `hang` makes it accept and never answer.
+    struct ApiServer {
+        server: kata_topo_apiserver::fake::FakeApiServer,
+        labels: Arc<Mutex<serde_json::Value>>,
+        hang: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl ApiServer {
+        fn start() -> Self {
+            use kata_topo_apiserver::fake::{FakeApiServer, Reply};
+            let labels = Arc::new(Mutex::new(serde_json::json!({"nic": "mlx5", "cores": "2"})));
+            let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (l, h) = (Arc::clone(&labels), Arc::clone(&hang));
+            let server = FakeApiServer::start(move |line| {
+                if h.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Reply::Hang;
+                }
+                if line.starts_with("GET /api/v1/nodes/worker-1 ") {
+                    let labels = l.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    Reply::ok(
+                        serde_json::json!({"kind": "PartialObjectMetadata",
+                        "metadata": {"name": "worker-1", "labels": labels}})
+                        .to_string(),
+                    )
+                } else if line.starts_with("GET /api/v1/namespaces/ns/pods/pod ") {
+                    Reply::ok(
+                    serde_json::json!({"kind": "Pod", "metadata": {"name": "pod", "namespace": "ns",
+                        "uid": "uid-1", "ownerReferences": [{"kind": "ReplicaSet", "name": "pod-rs", "controller": true}]},
+                      "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                        {"nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": "nic", "operator": "In", "values": ["mlx5"]},
+                          {"key": "cores", "operator": "Gt", "values": ["1"]}]}]}}}}})
+                    .to_string(),
+                )
+                } else {
+                    Reply::status(404, "not found")
+                }
+            });
+            Self {
+                server,
+                labels,
+                hang,
+            }
+        }
+
+        fn config(&self) -> String {
+            format!(
+                "kubeconfig = \"{}\"\nnode_name = \"worker-1\"\napi_timeout_ms = 1000\n",
+                self.server.kubeconfig().display()
+            )
+        }
+
+        fn label(&self, key: &str, value: &str) {
+            self.labels.lock().unwrap_or_else(|e| e.into_inner())[key] = value.into();
+        }
+
+        fn gets(&self) -> usize {
+            self.server.requests().len()
+        }
+    }
+
+    const RESIZE: &str = r#"{"cpu":{"cpus":"1","quota":200000,"period":100000}}"#;
+
+    /// The pod's first create reads the pod and its node (the label baseline); a container's first
+    /// create and a cpuset push read nothing; each resize reads the node once. A label the pod's
+    /// affinity names changed but still holding is `node-labels-changed`; the node relabelled so
+    /// the required term fails is `node-affinity-violated`, naming the pod's owner, with the term
+    /// and the labels as nested JSON, let through in audit mode.
+    #[test]
+    fn node_affinity_is_read_at_the_first_create_and_each_resize() {
+        let api = ApiServer::start();
+        let p = pod_configured("audit", None, true, &api.config(), false);
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        assert_eq!(
+            api.gets(),
+            2,
+            "the pod and its node: {:?}",
+            api.server.requests()
+        );
+        p.create();
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"1"}}"#),
+            Outcome::Forward(_)
+        ));
+        assert_eq!(
+            api.gets(),
+            2,
+            "a container's create and a cpuset push read nothing"
+        );
+        // Still holding: a warning only.
+        api.label("cores", "4");
+        assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+        assert_eq!(api.gets(), 3, "a resize reads the node, not the pod again");
+        let lines = p.lines();
+        let changed: Vec<_> = lines
+            .iter()
+            .filter(|l| l["rule"] == "node-labels-changed")
+            .collect();
+        assert_eq!(changed.len(), 1, "{lines:#?}");
+        assert_eq!(changed[0]["severity"], "warning");
+        assert_eq!(changed[0]["expected"]["labels"]["cores"], "2");
+        assert_eq!(changed[0]["observed"]["labels"]["cores"], "4");
+        assert!(!lines.iter().any(|l| l["rule"] == "node-affinity-violated"));
+        // Relabelled: violated, reported, let through in audit mode.
+        api.label("nic", "e810");
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
+            Outcome::Forward(_)
+        ));
+        assert_eq!(api.gets(), 4);
+        let lines = p.lines();
+        let violated = lines
+            .iter()
+            .find(|l| l["rule"] == "node-affinity-violated")
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert_eq!(violated["severity"], "error");
+        assert_eq!(violated["decision"], "allow");
+        assert_eq!(violated["observed"]["labels"]["nic"], "e810");
+        assert_eq!(
+            violated["expected"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+            "nic"
+        );
+        assert!(
+            violated["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("ReplicaSet pod-rs")),
+            "{violated}"
+        );
+        // The label baseline is in the pod's state, for a daemon started again.
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        let kept: kata_topo_core::affinity::LabelBaseline = serde_json::from_slice(
+            &std::fs::read(p.pod.state_dir().join("node-labels.json")).expect("kept"),
+        )
+        .expect("baseline");
+        assert_eq!(kept.node.labels["cores"], "2");
+        assert_eq!(kept.pod.owner.expect("owner").name, "pod-rs");
+    }
+
+    /// In enforce mode a recreate and a resize on a node that no longer fits the pod are refused,
+    /// naming the rule and the pod; a wrapper daemon started again for the pod keeps the label
+    /// baseline and reads only the node.
+    #[test]
+    fn enforce_refuses_a_resize_on_a_node_that_no_longer_fits() {
+        let api = ApiServer::start();
+        let state = tempfile::tempdir().expect("tempdir");
+        let p = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.create();
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        api.label("nic", "e810");
+        // Another daemon for the same pod (the wrapper restarted).
+        let again = pod_configured("enforce", Some(state.path()), true, &api.config(), false);
+        let refused = |outcome: Outcome, what: &str| match outcome {
+            Outcome::Refuse(e) => {
+                assert_eq!(e.code(), Code::FailedPrecondition);
+                let m = e.to_string();
+                assert!(
+                    m.contains(what)
+                        && m.contains("node-affinity-violated")
+                        && m.contains("ns/pod"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        };
+        let before = api.gets();
+        refused(
+            again.pod.on_create("c1", &again.dir.path().join("bundle")),
+            "the recreate of container app",
+        );
+        refused(again.update(RESIZE), "the update of container app");
+        assert_eq!(
+            api.gets(),
+            before + 2,
+            "the node only, each time: the pod was kept"
+        );
+        // Relabelled back: the resize goes through.
+        api.label("nic", "mlx5");
+        assert!(matches!(again.update(RESIZE), Outcome::Forward(_)));
+    }
+
+    /// An API server that accepts and never answers costs a resize the timeout and a
+    /// `node-labels-unavailable` warning saying why; the resize goes on, in enforce mode too.
+    #[test]
+    fn a_hung_api_server_costs_the_timeout_and_a_warning() {
+        let api = ApiServer::start();
+        let p = pod_configured("enforce", None, true, &api.config(), false);
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.create();
+        api.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+        let started = Instant::now();
+        assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1000), "{took:?}");
+        assert!(took < Duration::from_millis(2500), "{took:?}");
+        let lines = p.lines();
+        let warning = lines
+            .iter()
+            .find(|l| l["rule"] == "node-labels-unavailable")
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert_eq!(warning["severity"], "warning");
+        assert!(
+            warning["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("did not answer within 1000 ms")),
+            "{warning}"
+        );
+    }
+
+    /// Without a kubeconfig the check is off, reads nothing and says so in the daemon's record.
+    #[test]
+    fn no_kubeconfig_no_affinity_check() {
+        let p = pod("audit");
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.pod
+            .record_daemon("unix:///run/test/delegate.sock", Some(4242));
+        assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
+        let record: DaemonRecord = serde_json::from_slice(
+            &std::fs::read(p.pod.state_dir().join("daemon.json")).expect("daemon"),
+        )
+        .expect("record");
+        assert!(
+            record
+                .node_affinity
+                .as_deref()
+                .is_some_and(|a| a.starts_with("off:")),
+            "{record:?}"
+        );
+    }
+}
