@@ -97,7 +97,7 @@ pub fn run() -> ExitCode {
                 return Err(());
             }
         };
-        crate::kubelet::run(config, log.clone(), signals)
+        crate::registration::run(config, log.clone(), signals)
             .await
             .map_err(|e| {
                 log.error(

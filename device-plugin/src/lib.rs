@@ -7,16 +7,16 @@
 //!
 //! The host is read through [`kata_topo_core::Sysfs`] only (one reader of sysfs in the
 //! project); this crate decides which devices to advertise ([`scan`]), what the kubelet gets
-//! ([`plugin`]) and when to (re-)register ([`kubelet`]).
+//! ([`plugin`]) and when to (re-)register ([`registration`]).
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
-pub mod kubelet;
 pub mod log;
 pub mod plugin;
 pub mod prefer;
+pub mod registration;
 pub mod scan;
 
 /// The kubelet's device plugin API v1beta1, generated at build time from the kubelet's own

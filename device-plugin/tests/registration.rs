@@ -12,8 +12,8 @@ use kata_topo_device_plugin::api::device_plugin_client::DevicePluginClient;
 use kata_topo_device_plugin::api::registration_server::{Registration, RegistrationServer};
 use kata_topo_device_plugin::api::{self, Empty, RegisterRequest};
 use kata_topo_device_plugin::config::Config;
-use kata_topo_device_plugin::kubelet;
 use kata_topo_device_plugin::log::Log;
+use kata_topo_device_plugin::registration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -88,7 +88,7 @@ fn bdf(s: &str) -> Bdf {
 }
 
 async fn dial(socket: &Path) -> DevicePluginClient<tonic::transport::Channel> {
-    let channel = kubelet::connect(socket, PATIENCE)
+    let channel = registration::connect(socket, PATIENCE)
         .await
         .expect("dial the plugin");
     DevicePluginClient::new(channel)
@@ -171,7 +171,7 @@ async fn registers_lists_allocates_follows_unbinding_and_kubelet_restarts() {
     config.register_timeout = Duration::from_secs(5);
     let log = Log::memory();
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-    let plugin = tokio::spawn(kubelet::run(config, log.clone(), async move {
+    let plugin = tokio::spawn(registration::run(config, log.clone(), async move {
         let _ = shutdown_rx.await;
     }));
 
@@ -375,7 +375,7 @@ async fn a_refused_registration_is_logged_once_and_retried() {
     config.register_retry = Duration::from_millis(50);
     let log = Log::memory();
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-    let plugin = tokio::spawn(kubelet::run(config, log.clone(), async move {
+    let plugin = tokio::spawn(registration::run(config, log.clone(), async move {
         let _ = shutdown_rx.await;
     }));
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -406,7 +406,7 @@ async fn a_wrong_sysfs_root_or_a_missing_plugin_dir_stops_it_at_once_naming_the_
     let tmp = tempfile::tempdir().expect("tempdir");
     let missing = tmp.path().join("no-sys");
     std::fs::create_dir(&missing).expect("dir");
-    let err = kubelet::run(Config::new(&missing, tmp.path()), Log::memory(), async {})
+    let err = registration::run(Config::new(&missing, tmp.path()), Log::memory(), async {})
         .await
         .expect_err("no PCI bus");
     let text = kata_topo_device_plugin::scan::error_chain(&err);
@@ -416,7 +416,7 @@ async fn a_wrong_sysfs_root_or_a_missing_plugin_dir_stops_it_at_once_naming_the_
     tree.add_device(bdf("0000:80:00.0"), 0, Some("vfio-pci"), Some("1"))
         .expect("dev");
     let nodir = tmp.path().join("not-there");
-    let err = kubelet::run(Config::new(tree.root(), &nodir), Log::memory(), async {})
+    let err = registration::run(Config::new(tree.root(), &nodir), Log::memory(), async {})
         .await
         .expect_err("no plugin dir");
     let text = kata_topo_device_plugin::scan::error_chain(&err);
@@ -426,7 +426,7 @@ async fn a_wrong_sysfs_root_or_a_missing_plugin_dir_stops_it_at_once_naming_the_
     let dir = tmp.path().join("dp");
     std::fs::create_dir(&dir).expect("dir");
     std::fs::write(dir.join("kata-topo-vfio.sock"), "keep me").expect("file");
-    let err = kubelet::run(Config::new(tree.root(), &dir), Log::memory(), async {})
+    let err = registration::run(Config::new(tree.root(), &dir), Log::memory(), async {})
         .await
         .expect_err("not a socket");
     assert!(err.to_string().contains("not a socket"), "{err}");
