@@ -25,8 +25,12 @@ pub enum Reply {
     },
     /// Waits, then replies.
     Slow(Duration, Box<Reply>),
-    /// Sends the reply one byte at a time, this long apart.
+    /// Sends the reply one byte at a time, this long apart (each byte a TLS record of its
+    /// own: the client sees whole records).
     Trickle(Duration, Box<Reply>),
+    /// Sends the reply's TLS records one byte at a time on the wire, this long apart: no
+    /// record is whole before its last byte.
+    TrickleRecords(Duration, Box<Reply>),
     /// Reads the request and never answers.
     Hang,
     /// Reads the request and closes the connection without answering.
@@ -59,6 +63,38 @@ impl Reply {
 
 type Handler = dyn Fn(&str) -> Reply + Send + Sync;
 
+/// The TCP stream under the fake's TLS: writes go out one byte at a time, `every` apart, while
+/// `trickling` is set.
+struct Wire {
+    tcp: TcpStream,
+    every: Duration,
+    trickling: bool,
+    stop: Arc<AtomicBool>,
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !self.trickling || buf.is_empty() {
+            return self.tcp.write(buf);
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("stopped"));
+        }
+        std::thread::sleep(self.every);
+        self.tcp.write(&buf[..1])
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 /// A running fake API server; stops when dropped.
 pub struct FakeApiServer {
     dir: tempfile::TempDir,
@@ -84,6 +120,22 @@ impl FakeApiServer {
     /// Starts a fake that answers each request (`GET /path` as its request line gives it)
     /// with what `handler` says; a request without the kubeconfig's token gets 401.
     pub fn start(handler: impl Fn(&str) -> Reply + Send + Sync + 'static) -> Self {
+        Self::start_with(None, handler)
+    }
+
+    /// [`FakeApiServer::start`] whose TLS handshake (its ServerHello and certificate) goes out
+    /// one byte at a time, `every` apart.
+    pub fn start_trickling_handshake(
+        every: Duration,
+        handler: impl Fn(&str) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_with(Some(every), handler)
+    }
+
+    fn start_with(
+        handshake_trickle: Option<Duration>,
+        handler: impl Fn(&str) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -133,7 +185,16 @@ impl FakeApiServer {
                         Arc::clone(&requests),
                         Arc::clone(&stop),
                     );
-                    std::thread::spawn(move || serve(stream, config, &*handler, &requests, &stop));
+                    std::thread::spawn(move || {
+                        serve(
+                            stream,
+                            config,
+                            handshake_trickle,
+                            &*handler,
+                            &requests,
+                            &stop,
+                        )
+                    });
                 }
             });
         }
@@ -221,9 +282,10 @@ impl Drop for FakeApiServer {
 fn serve(
     tcp: TcpStream,
     config: Arc<rustls::ServerConfig>,
+    handshake_trickle: Option<Duration>,
     handler: &Handler,
     requests: &Mutex<Vec<String>>,
-    stop: &AtomicBool,
+    stop: &Arc<AtomicBool>,
 ) {
     if stop.load(Ordering::SeqCst) {
         return;
@@ -232,7 +294,21 @@ fn serve(
     let Ok(conn) = rustls::ServerConnection::new(config) else {
         return;
     };
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let wire = Wire {
+        tcp,
+        every: handshake_trickle.unwrap_or_default(),
+        trickling: handshake_trickle.is_some(),
+        stop: Arc::clone(stop),
+    };
+    let mut tls = rustls::StreamOwned::new(conn, wire);
+    if handshake_trickle.is_some() {
+        while tls.conn.is_handshaking() {
+            if tls.conn.complete_io(&mut tls.sock).is_err() {
+                return;
+            }
+        }
+        tls.sock.trickling = false;
+    }
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -259,7 +335,7 @@ fn serve(
 }
 
 fn reply_with(
-    tls: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
+    tls: &mut rustls::StreamOwned<rustls::ServerConnection, Wire>,
     reply: Reply,
     stop: &AtomicBool,
 ) {
@@ -283,6 +359,11 @@ fn reply_with(
                 }
                 std::thread::sleep(d);
             }
+        }
+        Reply::TrickleRecords(d, then) => {
+            tls.sock.every = d;
+            tls.sock.trickling = true;
+            reply_with(tls, *then, stop);
         }
         Reply::Hang => {
             while !stop.load(Ordering::SeqCst) {

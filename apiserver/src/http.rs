@@ -1,8 +1,9 @@
 //! One HTTPS GET, HTTP/1.1 over rustls on a blocking TCP socket, every step under one
 //! deadline: the name lookup (on a helper thread, when the server is named rather than an
-//! address), the connect, the handshake, the request and each read of the answer. A server
-//! that trickles its answer byte by byte still ends at the deadline: each read may wait only
-//! for what is left of it.
+//! address), the connect, the TLS handshake, the request and each read of the answer. Every
+//! read and write on the socket, the handshake's included, may wait only for what is left of
+//! the deadline ([`Timed`]): a peer that trickles its handshake, its TLS records or its
+//! answer byte by byte still ends at the deadline.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
@@ -23,6 +24,44 @@ pub(crate) struct Target<'a> {
     pub(crate) port: u16,
     pub(crate) tls: Arc<rustls::ClientConfig>,
     pub(crate) token: Option<&'a str>,
+}
+
+/// The TCP stream under TLS: each read and each write waits at most for what is left of the
+/// deadline, and none starts once it has passed. rustls reads and writes through this during
+/// the handshake as after it, however many times it loops.
+#[derive(Debug)]
+struct Timed {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Timed {
+    fn left(&self) -> std::io::Result<Duration> {
+        let d = self.deadline.saturating_duration_since(Instant::now());
+        if d.is_zero() {
+            Err(std::io::ErrorKind::TimedOut.into())
+        } else {
+            Ok(d)
+        }
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
 }
 
 fn left(deadline: Instant, ms: u64) -> Result<Duration, ApiError> {
@@ -86,7 +125,12 @@ pub(crate) fn get(
         .map_err(|e| ApiError::Kubeconfig(format!("server name {:?}: {e}", target.host)))?;
     let conn = rustls::ClientConnection::new(Arc::clone(&target.tls), name)
         .map_err(|e| ApiError::Tls(e.to_string()))?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let mut tls = rustls::StreamOwned::new(conn, Timed { tcp, deadline });
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .map_err(|e| io_err(e, "the TLS handshake", deadline, ms))?;
+    }
     let host_header = if target.host.contains(':') {
         format!("[{}]:{}", target.host, target.port)
     } else {
@@ -101,9 +145,6 @@ pub(crate) fn get(
         request.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
     request.push_str("\r\n");
-    let d = left(deadline, ms)?;
-    let _ = tls.sock.set_write_timeout(Some(d));
-    let _ = tls.sock.set_read_timeout(Some(d));
     tls.write_all(request.as_bytes())
         .and_then(|()| tls.flush())
         .map_err(|e| io_err(e, "the request could not be sent", deadline, ms))?;
@@ -113,8 +154,6 @@ pub(crate) fn get(
         if let Some(body) = complete(&answer)? {
             return finish(&answer, body);
         }
-        let d = left(deadline, ms)?;
-        let _ = tls.sock.set_read_timeout(Some(d));
         match tls.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {

@@ -139,6 +139,36 @@ fn every_failure_costs_at_most_the_timeout_and_says_why() {
     }
 }
 
+/// A peer that trickles any phase byte by byte — its TLS handshake, the TLS records of its
+/// answer, or the answer inside whole records — ends at the deadline, not at the peer's
+/// leisure (a minute of trickling at 40 ms a byte).
+#[test]
+fn a_peer_that_trickles_any_phase_ends_at_the_deadline() {
+    let every = Duration::from_millis(40);
+    let servers = [
+        (
+            "the handshake",
+            FakeApiServer::start_trickling_handshake(every, |_| Reply::ok(NODE)),
+        ),
+        (
+            "the answer's TLS records",
+            FakeApiServer::start(move |_| Reply::TrickleRecords(every, Box::new(Reply::ok(NODE)))),
+        ),
+        (
+            "the answer",
+            FakeApiServer::start(move |_| Reply::Trickle(every, Box::new(Reply::ok(NODE)))),
+        ),
+    ];
+    for (what, server) in servers {
+        let started = Instant::now();
+        let e = client(&server).read("worker-1", None).node.expect_err(what);
+        let took = started.elapsed();
+        assert_eq!(e.kind(), "timeout", "{what}: {e}");
+        assert!(took >= TIMEOUT, "{what} ended early: {took:?}");
+        assert!(took < TIMEOUT + SLACK, "{what} took {took:?}");
+    }
+}
+
 #[test]
 fn status_errors_carry_the_api_servers_message() {
     let server = FakeApiServer::start(|_| {
