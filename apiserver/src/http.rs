@@ -22,6 +22,9 @@ pub const MAX_ANSWER_BYTES: usize = 4 << 20;
 pub(crate) struct Target<'a> {
     pub(crate) host: &'a str,
     pub(crate) port: u16,
+    /// The name the server's certificate is checked against and sent as SNI: the host, or
+    /// the kubeconfig's `tls-server-name`.
+    pub(crate) server_name: &'a str,
     pub(crate) tls: Arc<rustls::ClientConfig>,
     pub(crate) token: Option<&'a str>,
 }
@@ -86,9 +89,10 @@ fn io_err(e: std::io::Error, what: &str, deadline: Instant, ms: u64) -> ApiError
     }
 }
 
-fn resolve(host: &str, port: u16, deadline: Instant, ms: u64) -> Result<SocketAddr, ApiError> {
+/// Every address of `host`, in the resolver's order.
+fn resolve(host: &str, port: u16, deadline: Instant, ms: u64) -> Result<Vec<SocketAddr>, ApiError> {
     if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
+        return Ok(vec![SocketAddr::new(ip, port)]);
     }
     // The system resolver has no timeout of its own: it runs on a thread of its own, which
     // ends by itself if it outlives the deadline.
@@ -97,15 +101,47 @@ fn resolve(host: &str, port: u16, deadline: Instant, ms: u64) -> Result<SocketAd
     std::thread::Builder::new()
         .name("apiserver-resolve".into())
         .spawn(move || {
-            let _ = tx.send(name.to_socket_addrs().map(|mut a| a.next()));
+            let _ = tx.send(
+                name.to_socket_addrs()
+                    .map(|a| a.take(16).collect::<Vec<_>>()),
+            );
         })
         .map_err(|e| ApiError::Closed(format!("cannot look the server's name up: {e}")))?;
     match rx.recv_timeout(left(deadline, ms)?) {
-        Ok(Ok(Some(addr))) => Ok(addr),
-        Ok(Ok(None)) => Err(ApiError::Closed(format!("{host} has no address"))),
+        Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
+        Ok(Ok(_)) => Err(ApiError::Closed(format!("{host} has no address"))),
         Ok(Err(e)) => Err(ApiError::Closed(format!("cannot look {host} up: {e}"))),
         Err(_) => Err(ApiError::Timeout(ms)),
     }
+}
+
+/// Connects to the first of `addrs` that answers, each in turn, as Go's dialer does: each
+/// address gets an equal share of what is left of the deadline, so one that never answers
+/// (a blackholed route) leaves time for the others; the last gets all that is left.
+fn connect(addrs: &[SocketAddr], deadline: Instant, ms: u64) -> Result<TcpStream, ApiError> {
+    let mut failed = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let share = left(deadline, ms)? / u32::try_from(addrs.len() - i).unwrap_or(u32::MAX);
+        match TcpStream::connect_timeout(addr, share) {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) if i + 1 == addrs.len() && failed.is_empty() => {
+                return Err(io_err(
+                    e,
+                    &format!("cannot connect to {addr}"),
+                    deadline,
+                    ms,
+                ))
+            }
+            Err(e) => failed.push(format!("{addr}: {e}")),
+        }
+    }
+    if Instant::now() >= deadline {
+        return Err(ApiError::Timeout(ms));
+    }
+    Err(ApiError::Closed(format!(
+        "cannot connect to any address of the server ({})",
+        failed.join("; ")
+    )))
 }
 
 /// GETs `path` (with its query) and returns the body of a 200 answer; any other status is
@@ -117,12 +153,11 @@ pub(crate) fn get(
     deadline: Instant,
     ms: u64,
 ) -> Result<Vec<u8>, ApiError> {
-    let addr = resolve(target.host, target.port, deadline, ms)?;
-    let tcp = TcpStream::connect_timeout(&addr, left(deadline, ms)?)
-        .map_err(|e| io_err(e, &format!("cannot connect to {addr}"), deadline, ms))?;
+    let addrs = resolve(target.host, target.port, deadline, ms)?;
+    let tcp = connect(&addrs, deadline, ms)?;
     let _ = tcp.set_nodelay(true);
-    let name = ServerName::try_from(target.host.to_string())
-        .map_err(|e| ApiError::Kubeconfig(format!("server name {:?}: {e}", target.host)))?;
+    let name = ServerName::try_from(target.server_name.to_string())
+        .map_err(|e| ApiError::Kubeconfig(format!("server name {:?}: {e}", target.server_name)))?;
     let conn = rustls::ClientConnection::new(Arc::clone(&target.tls), name)
         .map_err(|e| ApiError::Tls(e.to_string()))?;
     let mut tls = rustls::StreamOwned::new(conn, Timed { tcp, deadline });
@@ -408,6 +443,49 @@ mod tests {
             MAX_ANSWER_BYTES + 1
         );
         assert!(matches!(complete(huge.as_bytes()), Err(ApiError::TooLarge)));
+    }
+
+    /// An address nothing listens on (bound, then closed).
+    fn refused() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    }
+
+    #[test]
+    fn every_address_is_tried_within_the_deadline() {
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let ok = listening.local_addr().expect("addr");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The first refuses: the second is tried.
+        let tcp = connect(&[refused(), refused(), ok], deadline, 10_000).expect("second");
+        assert_eq!(tcp.peer_addr().expect("peer"), ok);
+        // All refuse: each is named.
+        let (a, b) = (refused(), refused());
+        match connect(&[a, b], deadline, 10_000) {
+            Err(ApiError::Closed(why)) => {
+                assert!(
+                    why.contains(&a.to_string()) && why.contains(&b.to_string()),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // One address: its own error, as before.
+        assert!(matches!(
+            connect(&[a], deadline, 10_000),
+            Err(ApiError::Closed(_))
+        ));
+        // A deadline gone: nothing is tried.
+        assert_eq!(
+            connect(&[ok], Instant::now(), 7).map(|_| ()),
+            Err(ApiError::Timeout(7))
+        );
+        // A name resolves to all its addresses.
+        let all = resolve("localhost", 80, deadline, 10_000).expect("localhost");
+        assert!(
+            all.iter().all(|a| a.ip().is_loopback() && a.port() == 80),
+            "{all:?}"
+        );
     }
 
     proptest! {

@@ -1,9 +1,16 @@
 //! The kubelet's kubeconfig: where the API server is and the node's credentials for it.
 //!
-//! Read: the current context's cluster (`server`, `certificate-authority` or
-//! `certificate-authority-data`) and user (`client-certificate`/`client-key` or their `-data`
-//! forms, `token` or `tokenFile`). Not supported, and said: `insecure-skip-tls-verify`, exec
-//! and auth-provider plugins, proxies.
+//! Read: the current context's cluster (`server`, `tls-server-name`, `certificate-authority`
+//! or `certificate-authority-data`) and user (`client-certificate`/`client-key` or their
+//! `-data` forms, `token` or `tokenFile`). Not supported, and refused by name:
+//! `insecure-skip-tls-verify`, exec and auth-provider plugins, proxies, basic authentication
+//! (`username`/`password`) and impersonation (`as`, `as-uid`, `as-groups`, `as-user-extra`):
+//! the node reads as itself or not at all.
+//!
+//! Every file read (the kubeconfig and each file it names) is kept with its identity (device,
+//! inode, size, modification time, as the open file had them), so that a client notices a
+//! rotated certificate, key, CA or token file by a `stat` of each and reads them again
+//! ([`Kubeconfig::changed`]).
 //!
 //! Trust: the kubeconfig is never read through a symbolic link, and it must belong to the
 //! user kata-topo runs as (root on a node) with no group or other write bit. The files it
@@ -42,6 +49,35 @@ pub struct Kubeconfig {
     pub client: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
     /// The bearer token, when the user has one.
     pub token: Option<String>,
+    /// `tls-server-name`: the name the server's certificate is checked against (and sent as
+    /// SNI) instead of the host.
+    pub server_name: Option<String>,
+    /// The files read, each with its identity then.
+    sources: Vec<(PathBuf, Identity)>,
+}
+
+/// What identifies a file's content without reading it: device, inode, size and modification
+/// time. A rotation that renames a new file over the old, points a link at another, or
+/// rewrites it in place changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl Identity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +111,8 @@ struct Cluster {
     insecure_skip_tls_verify: bool,
     #[serde(default)]
     proxy_url: Option<String>,
+    #[serde(default)]
+    tls_server_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +141,18 @@ struct User {
     exec: Option<serde_yaml::Value>,
     #[serde(default, rename = "auth-provider")]
     auth_provider: Option<serde_yaml::Value>,
+    #[serde(default)]
+    username: Option<serde_yaml::Value>,
+    #[serde(default)]
+    password: Option<serde_yaml::Value>,
+    #[serde(default, rename = "as")]
+    impersonate: Option<serde_yaml::Value>,
+    #[serde(default)]
+    as_uid: Option<serde_yaml::Value>,
+    #[serde(default)]
+    as_groups: Option<serde_yaml::Value>,
+    #[serde(default)]
+    as_user_extra: Option<serde_yaml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,14 +175,53 @@ fn invalid(path: &Path, why: impl std::fmt::Display) -> ApiError {
 impl Kubeconfig {
     /// Reads and checks the kubeconfig at `path` and the files it names.
     pub fn read(path: &Path) -> Result<Self, ApiError> {
-        let text = read_trusted(path, false).map_err(|why| invalid(path, why))?;
+        let (text, identity) = read_trusted(path, false).map_err(|why| invalid(path, why))?;
         let text = String::from_utf8(text).map_err(|_| invalid(path, "is not UTF-8"))?;
         let dir = path.parent().unwrap_or(Path::new("/"));
-        Self::parse(&text, dir).map_err(|why| invalid(path, why))
+        let mut config = Self::parse(&text, dir).map_err(|why| invalid(path, why))?;
+        config.sources.insert(0, (path.to_path_buf(), identity));
+        Ok(config)
+    }
+
+    /// Whether a file this was read from is no longer the one read (rotated, rewritten,
+    /// replaced, gone): its identity now, through a link as it was read, differs. A `stat`
+    /// of each, no read.
+    pub fn changed(&self) -> bool {
+        self.sources
+            .iter()
+            .any(|(path, then)| std::fs::metadata(path).map_or(true, |m| Identity::of(&m) != *then))
+    }
+
+    /// The node this kubeconfig's client certificate names: `<name>` of its subject's common
+    /// name `system:node:<name>`, as the Node authorizer reads it; `None` without a client
+    /// certificate or with another subject.
+    pub fn node_name(&self) -> Option<String> {
+        let (chain, _) = self.client.as_ref()?;
+        let cn = subject_common_name(chain.first()?.as_ref())?;
+        cn.strip_prefix("system:node:")
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+    }
+
+    /// Whether `other` presents other credentials (client certificate or token).
+    pub(crate) fn credentials_differ(&self, other: &Self) -> bool {
+        self.client.as_ref().map(|c| &c.0) != other.client.as_ref().map(|c| &c.0)
+            || self.token != other.token
     }
 
     /// Parses a kubeconfig's text; relative paths in it are relative to `dir`.
     pub fn parse(text: &str, dir: &Path) -> Result<Self, String> {
+        let mut sources = Vec::new();
+        let mut config = Self::parse_from(text, dir, &mut sources)?;
+        config.sources = sources;
+        Ok(config)
+    }
+
+    fn parse_from(
+        text: &str,
+        dir: &Path,
+        sources: &mut Vec<(PathBuf, Identity)>,
+    ) -> Result<Self, String> {
         let file: KubeconfigFile =
             serde_yaml::from_str(text).map_err(|e| format!("not a kubeconfig: {e}"))?;
         let context = match &file.current_context {
@@ -179,9 +268,22 @@ impl Kubeconfig {
             ));
         }
         let (host, port, prefix) = parse_server(&c.server)?;
+        let server_name = match &c.tls_server_name {
+            None => None,
+            Some(n) if n.is_empty() => None,
+            Some(n) => {
+                rustls::pki_types::ServerName::try_from(n.as_str()).map_err(|e| {
+                    format!(
+                        "cluster {:?} has tls-server-name {n:?}, which is not a server name: {e}",
+                        cluster.name
+                    )
+                })?;
+                Some(n.clone())
+            }
+        };
         let ca_pem = match (&c.certificate_authority_data, &c.certificate_authority) {
             (Some(data), _) => decode_data(data, "certificate-authority-data")?,
-            (None, Some(file)) => read_named(dir, file, "certificate-authority")?,
+            (None, Some(file)) => read_named(dir, file, "certificate-authority", sources)?,
             (None, None) => {
                 return Err(format!(
                     "cluster {:?} names no certificate-authority: the API server's certificate \
@@ -198,6 +300,8 @@ impl Kubeconfig {
             ca,
             client: None,
             token: None,
+            server_name,
+            sources: Vec::new(),
         };
         let Some(named) = user else {
             return Ok(config);
@@ -210,14 +314,37 @@ impl Kubeconfig {
                 named.name
             ));
         }
+        for (key, set) in [("username", &u.username), ("password", &u.password)] {
+            if set.is_some() {
+                return Err(format!(
+                    "user {:?} sets {key} (basic authentication), which the API server no longer \
+                     accepts and kata-topo does not send",
+                    named.name
+                ));
+            }
+        }
+        for (key, set) in [
+            ("as", &u.impersonate),
+            ("as-uid", &u.as_uid),
+            ("as-groups", &u.as_groups),
+            ("as-user-extra", &u.as_user_extra),
+        ] {
+            if set.is_some() {
+                return Err(format!(
+                    "user {:?} sets {key} (impersonation), which kata-topo does not do: the node \
+                     reads as itself",
+                    named.name
+                ));
+            }
+        }
         let cert = match (&u.client_certificate_data, &u.client_certificate) {
             (Some(d), _) => Some(decode_data(d, "client-certificate-data")?),
-            (None, Some(f)) => Some(read_named(dir, f, "client-certificate")?),
+            (None, Some(f)) => Some(read_named(dir, f, "client-certificate", sources)?),
             (None, None) => None,
         };
         let key = match (&u.client_key_data, &u.client_key) {
             (Some(d), _) => Some(decode_data(d, "client-key-data")?),
-            (None, Some(f)) => Some(read_named(dir, f, "client-key")?),
+            (None, Some(f)) => Some(read_named(dir, f, "client-key", sources)?),
             (None, None) => None,
         };
         config.client = match (cert, key) {
@@ -238,7 +365,7 @@ impl Kubeconfig {
         config.token = match (&u.token, &u.token_file) {
             (Some(t), _) => Some(t.trim().to_string()),
             (None, Some(f)) => {
-                let t = read_named(dir, f, "tokenFile")?;
+                let t = read_named(dir, f, "tokenFile", sources)?;
                 Some(
                     String::from_utf8(t)
                         .map_err(|_| "tokenFile is not UTF-8".to_string())?
@@ -318,20 +445,96 @@ fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>,
     Ok(certs)
 }
 
-/// A file the kubeconfig names, relative to its directory.
-fn read_named(dir: &Path, name: &str, field: &str) -> Result<Vec<u8>, String> {
+/// A file the kubeconfig names, relative to its directory; kept in `sources` with its
+/// identity.
+fn read_named(
+    dir: &Path,
+    name: &str,
+    field: &str,
+    sources: &mut Vec<(PathBuf, Identity)>,
+) -> Result<Vec<u8>, String> {
     let path = if Path::new(name).is_absolute() {
         PathBuf::from(name)
     } else {
         dir.join(name)
     };
-    read_trusted(&path, true).map_err(|why| format!("{field} {}: {why}", path.display()))
+    let (bytes, identity) =
+        read_trusted(&path, true).map_err(|why| format!("{field} {}: {why}", path.display()))?;
+    sources.push((path, identity));
+    Ok(bytes)
+}
+
+/// One DER element at the start of `b`: its tag, its contents and what follows it.
+fn der(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, mut b) = b.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || b.len() < n {
+            return None;
+        }
+        let len = b[..n]
+            .iter()
+            .fold(0usize, |l, &x| (l << 8) | usize::from(x));
+        b = &b[n..];
+        len
+    };
+    (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+}
+
+/// The common name of an X.509 certificate's subject (the last one, as Go's `pkix.Name`
+/// keeps it); `None` when there is none or the DER does not read.
+fn subject_common_name(cert: &[u8]) -> Option<String> {
+    const SEQUENCE: u8 = 0x30;
+    let (SEQUENCE, certificate, _) = der(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, mut tbs, _) = der(certificate)? else {
+        return None;
+    };
+    // The explicit version, when there is one.
+    if let (0xa0, _, rest) = der(tbs)? {
+        tbs = rest;
+    }
+    // serialNumber, signature, issuer, validity.
+    for _ in 0..4 {
+        tbs = der(tbs)?.2;
+    }
+    let (SEQUENCE, mut subject, _) = der(tbs)? else {
+        return None;
+    };
+    let mut cn = None;
+    while !subject.is_empty() {
+        let (set_tag, mut set, rest) = der(subject)?;
+        subject = rest;
+        if set_tag != 0x31 {
+            return None;
+        }
+        while !set.is_empty() {
+            let (SEQUENCE, attribute, rest) = der(set)? else {
+                return None;
+            };
+            set = rest;
+            let (0x06, oid, value) = der(attribute)? else {
+                return None;
+            };
+            // 2.5.4.3, commonName: a UTF8String, PrintableString or IA5String.
+            if oid == [0x55, 0x04, 0x03] {
+                if let (0x0c | 0x13 | 0x16, text, _) = der(value)? {
+                    cn = Some(String::from_utf8(text.to_vec()).ok()?);
+                }
+            }
+        }
+    }
+    cn
 }
 
 /// Reads a regular file of this process's user that no one else may write, at most
-/// [`MAX_FILE_BYTES`]; a symbolic link is followed only when `link_ok` and the link is this
-/// user's too.
-fn read_trusted(path: &Path, link_ok: bool) -> Result<Vec<u8>, String> {
+/// [`MAX_FILE_BYTES`], with the identity of the file read; a symbolic link is followed only
+/// when `link_ok` and the link is this user's too.
+fn read_trusted(path: &Path, link_ok: bool) -> Result<(Vec<u8>, Identity), String> {
     use kata_topo_core::files::{open_regular, read_to_limit, Symlinks};
     let me = rustix::process::geteuid().as_raw();
     let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
@@ -360,12 +563,25 @@ fn read_trusted(path: &Path, link_ok: bool) -> Result<Vec<u8>, String> {
             "may be written by others than its owner (mode {mode:04o})"
         ));
     }
-    read_to_limit(file, MAX_FILE_BYTES).map_err(|e| e.to_string())
+    let identity = Identity::of(&st);
+    let bytes = read_to_limit(file, MAX_FILE_BYTES).map_err(|e| e.to_string())?;
+    Ok((bytes, identity))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever bytes a certificate holds, looking for its subject never panics.
+        #[test]
+        fn any_certificate_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = subject_common_name(&bytes);
+            let mut seq = vec![0x30, 0x82, 0x01, 0x00];
+            seq.extend(&bytes);
+            let _ = subject_common_name(&seq);
+        }
+    }
 
     #[test]
     fn server_urls() {

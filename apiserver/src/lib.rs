@@ -32,8 +32,8 @@ pub mod fake;
 mod http;
 pub mod kubeconfig;
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kata_topo_core::affinity::{NodeLabels, PodPlacement};
@@ -70,9 +70,13 @@ impl Setup {
         match self {
             Self::Off(why) => format!("off: {why}"),
             Self::On { client, node } => format!(
-                "on: node {node}, API server {}:{}, within {} ms",
-                client.kubeconfig.host,
-                client.kubeconfig.port,
+                "on: node {node}{}, API server {}, within {} ms",
+                if client.node_name().as_deref() == Some(node.as_str()) {
+                    " (its client certificate's)"
+                } else {
+                    ""
+                },
+                client.server(),
                 client.timeout.as_millis()
             ),
             Self::Broken(e) => format!("on, but unusable: {e}"),
@@ -81,8 +85,9 @@ impl Setup {
 }
 
 /// The affinity check as `config` sets it up: off without a kubeconfig, else a client of the
-/// API server it names, for `node_name` (default: this host's name, as the kubelet names its
-/// node).
+/// API server it names, for `node_name`; by default the node its client certificate names
+/// (`system:node:<name>`, who the Node authorizer takes it for, right under the kubelet's
+/// `--hostname-override` too), else this host's name, as the kubelet names its node.
 pub fn setup(config: &Config) -> Setup {
     let Some(path) = config.kubeconfig.as_deref() else {
         return Setup::Off("kubeconfig is set to \"\" in [topology_guard]".into());
@@ -90,20 +95,25 @@ pub fn setup(config: &Config) -> Setup {
     if std::fs::symlink_metadata(path).is_err() {
         return Setup::Off(format!("no kubeconfig at {}", path.display()));
     }
-    let node = match &config.node_name {
-        Some(n) => n.clone(),
-        None => match host_name() {
+    let timeout = Duration::from_millis(config.api_timeout_ms);
+    let client = match ApiClient::from_kubeconfig(path, timeout) {
+        Ok(client) => client,
+        Err(e) => return Setup::Broken(e),
+    };
+    let node = match (&config.node_name, client.node_name()) {
+        (Some(n), _) => n.clone(),
+        (None, Some(n)) => match check_name(&n, "the client certificate's node name") {
+            Ok(()) => n,
+            Err(e) => return Setup::Broken(e),
+        },
+        (None, None) => match host_name() {
             Ok(n) => n,
             Err(e) => return Setup::Broken(e),
         },
     };
-    let timeout = Duration::from_millis(config.api_timeout_ms);
-    match ApiClient::from_kubeconfig(path, timeout) {
-        Ok(client) => Setup::On {
-            client: Box::new(client),
-            node,
-        },
-        Err(e) => Setup::Broken(e),
+    Setup::On {
+        client: Box::new(client),
+        node,
     }
 }
 
@@ -128,21 +138,87 @@ pub struct Reading {
 }
 
 /// A client of the API server, each request bounded by its timeout.
+///
+/// Read from a kubeconfig file ([`ApiClient::from_kubeconfig`]), it follows the credentials'
+/// rotation: before each request it `stat`s the kubeconfig and every file it names (no read,
+/// no timer) and reads them all again when one is not the file read (the kubelet's new client
+/// certificate behind `kubelet-client-current.pem`, a projected token renewed, a CA bundle
+/// rewritten); after a 401 it reads them again whatever they look like, and asks once more,
+/// within the same deadline, when they present other credentials. A kubeconfig that no longer
+/// reads fails the request that found it so, naming why, and is read again at the next.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
-    kubeconfig: Arc<Kubeconfig>,
-    tls: Arc<rustls::ClientConfig>,
+    /// The kubeconfig's path, when read from one: what is read again.
+    path: Option<Arc<PathBuf>>,
+    loaded: Arc<Mutex<Arc<Loaded>>>,
     timeout: Duration,
 }
 
+/// A kubeconfig read, and the TLS configuration of its credentials.
+#[derive(Debug)]
+struct Loaded {
+    kubeconfig: Kubeconfig,
+    tls: Arc<rustls::ClientConfig>,
+}
+
 impl ApiClient {
-    /// A client of the API server the kubeconfig at `path` names, with its credentials.
+    /// A client of the API server the kubeconfig at `path` names, with its credentials,
+    /// read again when they rotate.
     pub fn from_kubeconfig(path: &Path, timeout: Duration) -> Result<Self, ApiError> {
-        Self::new(Kubeconfig::read(path)?, timeout)
+        let mut client = Self::new(Kubeconfig::read(path)?, timeout)?;
+        client.path = Some(Arc::new(path.to_path_buf()));
+        Ok(client)
     }
 
-    /// A client from a kubeconfig read already.
+    /// A client from a kubeconfig read already (never read again).
     pub fn new(kubeconfig: Kubeconfig, timeout: Duration) -> Result<Self, ApiError> {
+        Ok(Self {
+            path: None,
+            loaded: Arc::new(Mutex::new(Arc::new(Loaded::new(kubeconfig)?))),
+            timeout,
+        })
+    }
+
+    /// The API server, `host:port`.
+    pub fn server(&self) -> String {
+        let loaded = self.snapshot();
+        let kc = &loaded.kubeconfig;
+        if kc.host.contains(':') {
+            format!("[{}]:{}", kc.host, kc.port)
+        } else {
+            format!("{}:{}", kc.host, kc.port)
+        }
+    }
+
+    /// The node the client certificate names ([`Kubeconfig::node_name`]).
+    pub fn node_name(&self) -> Option<String> {
+        self.snapshot().kubeconfig.node_name()
+    }
+
+    fn snapshot(&self) -> Arc<Loaded> {
+        Arc::clone(&self.loaded.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The credentials to use now: those read, unless a file they came from changed, when
+    /// they are read again.
+    fn current(&self) -> Result<Arc<Loaded>, ApiError> {
+        let loaded = self.snapshot();
+        match &self.path {
+            Some(path) if loaded.kubeconfig.changed() => self.reload(path),
+            _ => Ok(loaded),
+        }
+    }
+
+    /// Reads the kubeconfig and its files again and keeps them.
+    fn reload(&self, path: &Path) -> Result<Arc<Loaded>, ApiError> {
+        let fresh = Arc::new(Loaded::new(Kubeconfig::read(path)?)?);
+        *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&fresh);
+        Ok(fresh)
+    }
+}
+
+impl Loaded {
+    fn new(kubeconfig: Kubeconfig) -> Result<Self, ApiError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for ca in &kubeconfig.ca {
@@ -161,12 +237,13 @@ impl ApiClient {
             None => builder.with_no_client_auth(),
         };
         Ok(Self {
-            kubeconfig: Arc::new(kubeconfig),
+            kubeconfig,
             tls: Arc::new(tls),
-            timeout,
         })
     }
+}
 
+impl ApiClient {
     /// The deadline of one request.
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -229,11 +306,37 @@ impl ApiClient {
     }
 
     fn get(&self, path: &str, accept: &str, deadline: Instant) -> Result<Vec<u8>, ApiError> {
-        let kc = &self.kubeconfig;
+        let loaded = self.current()?;
+        match self.get_as(&loaded, path, accept, deadline) {
+            // Rotated or revoked credentials: read them again, and ask again with new ones.
+            Err(e @ ApiError::Status { code: 401, .. }) => {
+                let Some(file) = &self.path else {
+                    return Err(e);
+                };
+                let fresh = self.reload(file)?;
+                if fresh.kubeconfig.credentials_differ(&loaded.kubeconfig) {
+                    self.get_as(&fresh, path, accept, deadline)
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn get_as(
+        &self,
+        loaded: &Loaded,
+        path: &str,
+        accept: &str,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, ApiError> {
+        let kc = &loaded.kubeconfig;
         let target = http::Target {
             host: &kc.host,
             port: kc.port,
-            tls: Arc::clone(&self.tls),
+            server_name: kc.server_name.as_deref().unwrap_or(&kc.host),
+            tls: Arc::clone(&loaded.tls),
             token: kc.token.as_deref(),
         };
         let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);

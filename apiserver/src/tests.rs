@@ -1,3 +1,4 @@
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -384,4 +385,218 @@ fn setup_follows_the_configuration() {
     );
     // The default node name is the host's.
     assert_eq!(host_name().map(|n| n == n.to_ascii_lowercase()), Ok(true));
+}
+
+/// The fake's kubeconfig with `replace` applied to its text, written at `name` in its
+/// directory.
+fn kubeconfig_with(server: &FakeApiServer, name: &str, replace: &[(&str, &str)]) -> PathBuf {
+    let mut text = std::fs::read_to_string(server.kubeconfig()).expect("read");
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let path = server.dir().join(name);
+    fake::write_private(&path, &text);
+    path
+}
+
+/// Replaces `path` by a new file (another inode) holding `text`, as a rotation renames a new
+/// file over the old one.
+fn rotate(path: &Path, text: &str) {
+    let new = path.with_extension("new");
+    fake::write_private(&new, text);
+    std::fs::rename(&new, path).expect("rename");
+}
+
+#[test]
+fn a_rotated_token_file_is_read_again_by_its_identity() {
+    let server = answering();
+    let token = server.dir().join("token");
+    fake::write_private(&token, fake::TOKEN);
+    let path = kubeconfig_with(
+        &server,
+        "token-file.conf",
+        &[(&format!("token: {}", fake::TOKEN), "tokenFile: token")],
+    );
+    let client = ApiClient::from_kubeconfig(&path, TIMEOUT).expect("client");
+    assert!(client.read("worker-1", None).node.is_ok());
+    // Revoked: the next request presents the new (wrong) token, and is refused.
+    rotate(&token, "revoked-token");
+    let e = client.read("worker-1", None).node.expect_err("revoked");
+    assert!(matches!(e, ApiError::Status { code: 401, .. }), "{e}");
+    // Renewed: read again, accepted; a clone shares what was read.
+    rotate(&token, fake::TOKEN);
+    assert!(client.clone().read("worker-1", None).node.is_ok());
+    // Gone: the request says why, and the next one reads again.
+    std::fs::remove_file(&token).expect("rm");
+    let e = client.read("worker-1", None).node.expect_err("gone");
+    assert_eq!(e.kind(), "kubeconfig", "{e}");
+    assert!(e.to_string().contains("tokenFile"), "{e}");
+    rotate(&token, fake::TOKEN);
+    assert!(client.read("worker-1", None).node.is_ok());
+}
+
+#[test]
+fn a_401_reads_the_credentials_again_and_asks_once_more() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let server = answering();
+    let token = server.dir().join("token");
+    // A token of the right length, but not the fake's.
+    let stale: String = fake::TOKEN.chars().rev().collect();
+    fake::write_private(&token, &stale);
+    let then = std::fs::metadata(&token)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    let path = kubeconfig_with(
+        &server,
+        "token-file.conf",
+        &[(&format!("token: {}", fake::TOKEN), "tokenFile: token")],
+    );
+    let client = ApiClient::from_kubeconfig(&path, TIMEOUT).expect("client");
+    let e = client.read("worker-1", None).node.expect_err("stale");
+    assert!(matches!(e, ApiError::Status { code: 401, .. }), "{e}");
+    // Rewritten in place with the same size and modification time: no stat can tell.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(0)
+        .open(&token)
+        .expect("open");
+    std::io::Write::write_all(&mut f, fake::TOKEN.as_bytes()).expect("write");
+    f.set_modified(then).expect("mtime");
+    drop(f);
+    let before = server.requests().len();
+    let r = client.read("worker-1", None);
+    assert!(r.node.is_ok(), "{:?}", r.node);
+    // The 401, then the same GET with the token read again.
+    assert_eq!(server.requests().len(), before + 2);
+    // Credentials that stay refused are asked with once: a 401 is not retried in a loop.
+    let wrong = kubeconfig_with(&server, "wrong.conf", &[(fake::TOKEN, "wrong-token")]);
+    let client = ApiClient::from_kubeconfig(&wrong, TIMEOUT).expect("client");
+    let before = server.requests().len();
+    assert!(client.read("worker-1", None).node.is_err());
+    assert_eq!(server.requests().len(), before + 1);
+}
+
+/// A client certificate and its key, PEM, whose subject is `O=system:nodes, CN=cn`.
+fn client_certificate(cn: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let cert = params.self_signed(&key).expect("certificate");
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn the_node_name_is_the_client_certificates() {
+    use base64::Engine;
+    use kata_topo_core::config::Config;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let server = answering();
+    let with_cert = |name: &str, cn: &str| {
+        let (cert, key) = client_certificate(cn);
+        let user = format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n    token:",
+            b64(&cert),
+            b64(&key)
+        );
+        kubeconfig_with(&server, name, &[("    token:", &user)])
+    };
+    let path = with_cert("node.conf", "system:node:worker-1");
+    let kc = Kubeconfig::read(&path).expect("kubeconfig");
+    assert_eq!(kc.node_name().as_deref(), Some("worker-1"));
+    let on = setup(&Config {
+        kubeconfig: Some(path.clone()),
+        api_timeout_ms: 1000,
+        ..Config::default()
+    });
+    let Setup::On { node, client } = &on else {
+        panic!("{}", on.describe());
+    };
+    assert_eq!(node, "worker-1");
+    assert!(
+        on.describe().contains("client certificate"),
+        "{}",
+        on.describe()
+    );
+    assert!(client.read(node, None).node.is_ok());
+    // node_name in [topology_guard] still wins.
+    let Setup::On { node, .. } = setup(&Config {
+        kubeconfig: Some(path),
+        node_name: Some("worker-2".into()),
+        ..Config::default()
+    }) else {
+        panic!("not on");
+    };
+    assert_eq!(node, "worker-2");
+    // A certificate of another subject names no node: the host name stands.
+    let other = with_cert("user.conf", "kubernetes-admin");
+    assert_eq!(
+        Kubeconfig::read(&other).expect("kubeconfig").node_name(),
+        None
+    );
+    let Setup::On { node, .. } = setup(&Config {
+        kubeconfig: Some(other),
+        ..Config::default()
+    }) else {
+        panic!("not on");
+    };
+    assert_eq!(Ok(node), host_name());
+}
+
+#[test]
+fn tls_server_name_is_the_name_checked() {
+    let server = answering();
+    // `localhost` is not in the fake's certificate; 127.0.0.1 is.
+    let by_name = kubeconfig_with(
+        &server,
+        "by-name.conf",
+        &[("https://127.0.0.1:", "https://localhost:")],
+    );
+    let e = ApiClient::from_kubeconfig(&by_name, TIMEOUT)
+        .expect("client")
+        .read("worker-1", None)
+        .node
+        .expect_err("name mismatch");
+    assert_eq!(e.kind(), "tls", "{e}");
+    let named = kubeconfig_with(
+        &server,
+        "server-name.conf",
+        &[(
+            "server: https://127.0.0.1:",
+            "tls-server-name: 127.0.0.1\n    server: https://localhost:",
+        )],
+    );
+    let r = ApiClient::from_kubeconfig(&named, TIMEOUT)
+        .expect("client")
+        .read("worker-1", None);
+    assert_eq!(r.node.expect("node").name, "worker-1");
+}
+
+#[test]
+fn basic_auth_and_impersonation_are_refused_by_name() {
+    let server = answering();
+    for (key, line) in [
+        ("username", "username: admin"),
+        ("password", "password: secret"),
+        ("as", "as: system:admin"),
+        ("as-uid", "as-uid: \"0\""),
+        ("as-groups", "as-groups: [system:masters]"),
+        ("as-user-extra", "as-user-extra: {reason: [x]}"),
+    ] {
+        let path = kubeconfig_with(
+            &server,
+            "refused.conf",
+            &[("    token:", &format!("    {line}\n    token:"))],
+        );
+        let e = ApiClient::from_kubeconfig(&path, TIMEOUT).expect_err(key);
+        assert!(
+            e.to_string().contains(&format!("sets {key} (")),
+            "{key}: {e}"
+        );
+    }
 }

@@ -173,7 +173,8 @@ pub struct Config {
     /// file switches the check off.
     #[serde(default = "default_kubeconfig", deserialize_with = "optional_path")]
     pub kubeconfig: Option<PathBuf>,
-    /// The node's name in the API server; `None`: the host name, in lower case, as the
+    /// The node's name in the API server; `None`: the node the kubeconfig's client
+    /// certificate names (`system:node:<name>`), else the host name, in lower case, as the
     /// kubelet names its node.
     #[serde(default)]
     pub node_name: Option<String>,
