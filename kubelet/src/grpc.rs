@@ -29,8 +29,8 @@ pub fn frame(message: &[u8]) -> Result<Bytes, KubeletError> {
 }
 
 /// The one message of a unary answer's body: exactly one uncompressed length-prefixed
-/// message, nothing before or after it.
-pub fn unframe(body: &[u8]) -> Result<&[u8], KubeletError> {
+/// message of at most `limit` bytes, nothing before or after it.
+pub fn unframe(body: &[u8], limit: usize) -> Result<&[u8], KubeletError> {
     let garbage = |why: &str| KubeletError::Garbage(why.to_string());
     let (&flag, rest) = body
         .split_first()
@@ -42,8 +42,8 @@ pub fn unframe(body: &[u8]) -> Result<&[u8], KubeletError> {
         .split_at_checked(4)
         .ok_or_else(|| garbage("the answer's message is cut short"))?;
     let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    if len > MAX_MESSAGE_BYTES {
-        return Err(KubeletError::TooLarge);
+    if len > limit {
+        return Err(KubeletError::TooLarge(limit));
     }
     match message.len().cmp(&len) {
         std::cmp::Ordering::Equal => Ok(message),
@@ -65,8 +65,14 @@ fn status(headers: &HeaderMap) -> Option<(u32, String)> {
 }
 
 /// Calls `path` (`/package.Service/Method`) with `message` on `io` and returns the answer's
-/// message bytes. The caller bounds it in time.
-pub async fn unary<T>(io: T, path: &str, message: &[u8]) -> Result<Vec<u8>, KubeletError>
+/// message bytes, at most `limit` of them (never more than [`MAX_MESSAGE_BYTES`]): a longer
+/// answer is refused as soon as its length says so. The caller bounds it in time.
+pub async fn unary<T>(
+    io: T,
+    path: &str,
+    message: &[u8],
+    limit: usize,
+) -> Result<Vec<u8>, KubeletError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -79,7 +85,7 @@ where
     let driver = tokio::spawn(async move {
         let _ = connection.await;
     });
-    let result = call(client, path, message).await;
+    let result = call(client, path, message, limit.min(MAX_MESSAGE_BYTES)).await;
     driver.abort();
     result
 }
@@ -88,6 +94,7 @@ async fn call(
     client: h2::client::SendRequest<Bytes>,
     path: &str,
     message: &[u8],
+    limit: usize,
 ) -> Result<Vec<u8>, KubeletError> {
     let mut client = client.ready().await.map_err(protocol)?;
     let request = Request::post(format!("http://localhost{path}"))
@@ -123,10 +130,17 @@ async fn call(
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(protocol)?;
         let _ = body.flow_control().release_capacity(chunk.len());
-        if buf.len() + chunk.len() > MAX_MESSAGE_BYTES + 5 {
-            return Err(KubeletError::TooLarge);
+        if buf.len() + chunk.len() > limit + 5 {
+            return Err(KubeletError::TooLarge(limit));
         }
         buf.extend_from_slice(&chunk);
+        // The length prefix says how long the message is: refuse a long one at once.
+        if let Some(len) = buf.get(1..5) {
+            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            if len > limit {
+                return Err(KubeletError::TooLarge(limit));
+            }
+        }
     }
     let trailers = body.trailers().await.map_err(protocol)?;
     match trailers
@@ -134,7 +148,12 @@ async fn call(
         .and_then(status)
         .or_else(|| status(&head.headers))
     {
-        Some((0, _)) => Ok(unframe(&buf)?.to_vec()),
+        Some((0, _)) => {
+            let message = unframe(&buf, limit)?.len();
+            // The message without its prefix, in the same allocation.
+            buf.drain(..buf.len() - message);
+            Ok(buf)
+        }
         Some((code, message)) => Err(KubeletError::Status { code, message }),
         None => Err(KubeletError::Garbage(
             "the answer carries no grpc-status".into(),
@@ -158,8 +177,14 @@ mod tests {
     fn frames_and_unframes_one_message() {
         let framed = frame(b"abc").expect("frames");
         assert_eq!(&framed[..], &[0, 0, 0, 0, 3, b'a', b'b', b'c']);
-        assert_eq!(unframe(&framed).expect("one message"), b"abc");
-        assert_eq!(unframe(&[0, 0, 0, 0, 0]).expect("empty message"), b"");
+        assert_eq!(
+            unframe(&framed, MAX_MESSAGE_BYTES).expect("one message"),
+            b"abc"
+        );
+        assert_eq!(
+            unframe(&[0, 0, 0, 0, 0], MAX_MESSAGE_BYTES).expect("empty message"),
+            b""
+        );
         for bad in [
             &[][..],
             &[1, 0, 0, 0, 0],
@@ -168,26 +193,33 @@ mod tests {
             &[0, 0, 0, 0, 1, 1, 2],
         ] {
             assert!(
-                matches!(unframe(bad), Err(KubeletError::Garbage(_))),
+                matches!(
+                    unframe(bad, MAX_MESSAGE_BYTES),
+                    Err(KubeletError::Garbage(_))
+                ),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            unframe(&[0, 0xff, 0xff, 0xff, 0xff]),
-            Err(KubeletError::TooLarge)
+            unframe(&[0, 0xff, 0xff, 0xff, 0xff], MAX_MESSAGE_BYTES),
+            Err(KubeletError::TooLarge(MAX_MESSAGE_BYTES))
+        ));
+        assert!(matches!(
+            unframe(&[0, 0, 0, 0, 3, 1, 2, 3], 2),
+            Err(KubeletError::TooLarge(2))
         ));
     }
 
     proptest! {
         #[test]
         fn unframing_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let _ = unframe(&bytes);
+            let _ = unframe(&bytes, MAX_MESSAGE_BYTES);
         }
 
         #[test]
         fn a_framed_message_unframes_to_itself(message in proptest::collection::vec(any::<u8>(), 0..256)) {
             let framed = frame(&message).expect("frames");
-            prop_assert_eq!(unframe(&framed).expect("unframes"), &message[..]);
+            prop_assert_eq!(unframe(&framed, MAX_MESSAGE_BYTES).expect("unframes"), &message[..]);
         }
     }
 }

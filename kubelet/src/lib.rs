@@ -36,7 +36,7 @@ use kata_topo_core::kubelet::{
 };
 use kata_topo_core::IdSet;
 
-pub use client::{PodResourcesClient, DEFAULT_SOCKET};
+pub use client::{PodResourcesClient, DEFAULT_SOCKET, MAX_CONTAINERS, MAX_GET_BYTES};
 pub use grpc::MAX_MESSAGE_BYTES;
 
 /// What the kubelet says about `pod` under the node's `[topology_guard]`: `None` when the
@@ -198,9 +198,10 @@ pub enum KubeletError {
     /// The answer is not a PodResources message.
     #[error("the kubelet's answer is not usable: {0}")]
     Garbage(String),
-    /// The answer is larger than [`MAX_MESSAGE_BYTES`].
-    #[error("the kubelet's answer is larger than {MAX_MESSAGE_BYTES} bytes")]
-    TooLarge,
+    /// The answer is larger than its method takes (bytes): [`MAX_GET_BYTES`] for one pod,
+    /// [`MAX_MESSAGE_BYTES`] for the node's list.
+    #[error("the kubelet's answer is larger than {0} bytes")]
+    TooLarge(usize),
 }
 
 impl KubeletError {
@@ -213,7 +214,7 @@ impl KubeletError {
             Self::Closed(_) => "closed",
             Self::Protocol(_) => "protocol",
             Self::Status { .. } => "status",
-            Self::Garbage(_) | Self::TooLarge => "garbage",
+            Self::Garbage(_) | Self::TooLarge(_) => "garbage",
         }
     }
 }

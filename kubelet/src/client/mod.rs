@@ -8,9 +8,16 @@
 //! between the look and the connect is refused too.
 //!
 //! Each call builds a current-thread Tokio runtime on the calling thread, runs the whole
-//! exchange (connect, HTTP/2 handshake, request, answer) under one timeout, and drops the
-//! runtime and the connection when it returns: nothing stays behind, no thread is spawned,
-//! and a kubelet that accepts and never answers costs the deadline and no more.
+//! exchange (connect, HTTP/2 handshake, request, answer, and the answer's decoding) under one
+//! timeout, and drops the runtime and the connection when it returns: nothing stays behind,
+//! no thread is spawned, and a kubelet that accepts and never answers costs the deadline and
+//! no more.
+//!
+//! What a `Get` answer may cost is bounded before it is decoded: at most [`MAX_GET_BYTES`]
+//! (one pod's resources; the length prefix is refused as soon as it arrives), and at most
+//! [`MAX_CONTAINERS`] containers, counted on the wire without decoding them. A hostile or
+//! broken answer of two million empty containers in 4 MB cost a pod daemon 443 MB at its peak
+//! and 8.8 s of decoding outside the deadline; it is refused now after reading its prefix.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -22,6 +29,14 @@ use crate::{grpc, v1, KubeletError};
 
 /// The kubelet's PodResources socket, under its root directory.
 pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+/// The largest `Get` answer taken: one pod's resources. A pod of a hundred containers with
+/// 256 exclusive CPUs each is about 50 KiB; a `List` of a node's pods may be gRPC's 4 MiB.
+pub const MAX_GET_BYTES: usize = 256 * 1024;
+
+/// The most containers a pod's answer is taken with (init, sidecar and app containers
+/// together); a pod of more is said unusable rather than decoded.
+pub const MAX_CONTAINERS: usize = 1024;
 
 /// The service's methods (`package v1; service PodResourcesLister`).
 const METHOD_LIST: &str = "/v1.PodResourcesLister/List";
@@ -69,9 +84,22 @@ impl PodResourcesClient {
             pod_name: name.to_string(),
             pod_namespace: namespace.to_string(),
         };
-        let answer = self.call(METHOD_GET, &request.encode_to_vec())?;
-        let response = v1::GetPodResourcesResponse::decode(&answer[..])
-            .map_err(|e| KubeletError::Garbage(format!("the answer does not decode: {e}")))?;
+        let response = self.call(
+            METHOD_GET,
+            &request.encode_to_vec(),
+            MAX_GET_BYTES,
+            |answer| {
+                let containers = count_containers(answer)?;
+                if containers > MAX_CONTAINERS {
+                    return Err(KubeletError::Garbage(format!(
+                        "the answer lists {containers} containers, more than the \
+                         {MAX_CONTAINERS} a pod is taken with"
+                    )));
+                }
+                v1::GetPodResourcesResponse::decode(answer)
+                    .map_err(|e| KubeletError::Garbage(format!("the answer does not decode: {e}")))
+            },
+        )?;
         response
             .pod_resources
             .ok_or_else(|| KubeletError::Garbage("the answer names no pod".into()))
@@ -79,9 +107,15 @@ impl PodResourcesClient {
 
     /// `List`: every pod's resources.
     pub fn list(&self) -> Result<v1::ListPodResourcesResponse, KubeletError> {
-        let answer = self.call(METHOD_LIST, &v1::ListPodResourcesRequest {}.encode_to_vec())?;
-        v1::ListPodResourcesResponse::decode(&answer[..])
-            .map_err(|e| KubeletError::Garbage(format!("the answer does not decode: {e}")))
+        self.call(
+            METHOD_LIST,
+            &v1::ListPodResourcesRequest {}.encode_to_vec(),
+            grpc::MAX_MESSAGE_BYTES,
+            |answer| {
+                v1::ListPodResourcesResponse::decode(answer)
+                    .map_err(|e| KubeletError::Garbage(format!("the answer does not decode: {e}")))
+            },
+        )
     }
 
     /// Whether the socket is there at all (`intent_source = "auto"` asks the kubelet only
@@ -90,8 +124,15 @@ impl PodResourcesClient {
         std::fs::symlink_metadata(&self.socket).is_ok()
     }
 
-    /// One unary call, within the deadline.
-    fn call(&self, method: &str, request: &[u8]) -> Result<Vec<u8>, KubeletError> {
+    /// One unary call whose answer (at most `limit` bytes) `decode` turns into `T`, all
+    /// within the deadline: an answer decoded after it is as late as one that came after it.
+    fn call<T>(
+        &self,
+        method: &str,
+        request: &[u8],
+        limit: usize,
+        decode: impl FnOnce(&[u8]) -> Result<T, KubeletError>,
+    ) -> Result<T, KubeletError> {
         let started = Instant::now();
         self.check_socket()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -117,14 +158,22 @@ impl PodResourcesClient {
                     )));
                 }
             }
-            grpc::unary(stream, method, request).await
+            let answer = grpc::unary(stream, method, request, limit).await?;
+            let decoded = decode(&answer);
+            drop(answer);
+            decoded
         };
         let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        runtime.block_on(async move {
+        let result = runtime.block_on(async move {
             tokio::time::timeout(remaining, exchange)
                 .await
                 .unwrap_or(Err(KubeletError::Timeout(ms)))
-        })
+        });
+        // Decoding is not cancelled by the timer: one that ends past the deadline is late.
+        if result.is_ok() && started.elapsed() > self.timeout {
+            return Err(KubeletError::Timeout(ms));
+        }
+        result
     }
 
     /// Refuses a path that is a symbolic link, not a socket, or not the owner's.
@@ -151,6 +200,91 @@ impl PodResourcesClient {
                 meta.uid()
             ))),
             _ => Ok(()),
+        }
+    }
+}
+
+/// The containers a `GetPodResourcesResponse` lists, counted on the wire (field 1, the pod;
+/// its field 3, each container) without decoding them; the message's framing is checked as
+/// far as it is walked.
+fn count_containers(answer: &[u8]) -> Result<usize, KubeletError> {
+    let mut containers = 0;
+    for field in Fields(answer) {
+        let (number, payload) = field?;
+        if number == 1 {
+            for inner in Fields(payload.unwrap_or_default()) {
+                if inner?.0 == 3 {
+                    containers += 1;
+                }
+            }
+        }
+    }
+    Ok(containers)
+}
+
+/// The fields of a protobuf message: each number with its payload when length-delimited.
+struct Fields<'a>(&'a [u8]);
+
+fn varint(b: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = b.split_first()?;
+        *b = rest;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// One field at the start of `b` (advanced past it): its number, and its payload when
+/// length-delimited; `None` when the bytes are not a field.
+fn field<'a>(b: &mut &'a [u8]) -> Option<(u64, Option<&'a [u8]>)> {
+    let key = varint(b)?;
+    let payload = match key & 7 {
+        0 => {
+            varint(b)?;
+            None
+        }
+        1 => {
+            *b = b.get(8..)?;
+            None
+        }
+        5 => {
+            *b = b.get(4..)?;
+            None
+        }
+        2 => {
+            let len = usize::try_from(varint(b)?).ok()?;
+            let (payload, rest) = b.split_at_checked(len)?;
+            *b = rest;
+            Some(payload)
+        }
+        _ => return None,
+    };
+    Some((key >> 3, payload))
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u64, Option<&'a [u8]>), KubeletError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let mut b = self.0;
+        match field(&mut b) {
+            Some(f) => {
+                self.0 = b;
+                Some(Ok(f))
+            }
+            None => {
+                self.0 = &[];
+                Some(Err(KubeletError::Garbage(
+                    "the answer is not a protobuf message".into(),
+                )))
+            }
         }
     }
 }

@@ -76,6 +76,46 @@ fn gets_a_pod_from_a_kubelet_that_answers() {
     assert_eq!(client.get("default", "guaranteed").expect("answers"), pod);
 }
 
+/// A `Get` answer no pod could have is refused whole, before its containers are decoded: a
+/// 4 MB answer of two million empty containers (which cost a pod daemon 443 MB decoded, and
+/// 209 MB kept), and a small one of more containers than a pod is taken with.
+#[test]
+fn an_answer_no_pod_could_have_is_refused_before_it_is_decoded() {
+    let pod_of = |n: usize| v1::PodResources {
+        name: "guaranteed".into(),
+        namespace: "default".into(),
+        containers: vec![v1::ContainerResources::default(); n],
+    };
+    let answer = |n: usize| {
+        v1::GetPodResourcesResponse {
+            pod_resources: Some(pod_of(n)),
+        }
+        .encode_to_vec()
+    };
+    let huge = FakeKubelet::start(Behaviour::Answer(answer(2_000_000), Duration::ZERO));
+    let e = huge
+        .client(ANSWER_WITHIN)
+        .get("default", "guaranteed")
+        .expect_err("too large");
+    assert!(matches!(e, KubeletError::TooLarge(_)), "{e}");
+    assert!(e.to_string().contains(&MAX_GET_BYTES.to_string()), "{e}");
+    let many = FakeKubelet::start(Behaviour::Answer(
+        answer(MAX_CONTAINERS + 1),
+        Duration::ZERO,
+    ));
+    let e = many
+        .client(ANSWER_WITHIN)
+        .get("default", "guaranteed")
+        .expect_err("too many containers");
+    assert!(e.to_string().contains("containers"), "{e}");
+    let most = FakeKubelet::start(Behaviour::Answer(answer(MAX_CONTAINERS), Duration::ZERO));
+    let pod = most
+        .client(ANSWER_WITHIN)
+        .get("default", "guaranteed")
+        .expect("a pod of the most containers taken");
+    assert_eq!(pod.containers.len(), MAX_CONTAINERS);
+}
+
 #[test]
 fn lists_pods() {
     let list = v1::ListPodResourcesResponse {
@@ -255,4 +295,24 @@ fn asking_gives_the_admission_or_why_not() {
         crate::ask(&hung.client(TIMEOUT), &config, None, "default", "guaranteed"),
         KubeletView::Unavailable { reason } if reason.contains("did not answer within 300 ms")
     ));
+}
+
+#[test]
+fn containers_are_counted_on_the_wire() {
+    assert_eq!(count_containers(&get_answer()).expect("counts"), 1);
+    assert_eq!(count_containers(&[]).expect("empty"), 0);
+    // A length past the end, a varint that never ends, an unknown wire type.
+    for bad in [&[0x0a, 0x05, 0x1a][..], &[0x0a, 0xff, 0xff], &[0x0b]] {
+        assert!(
+            matches!(count_containers(bad), Err(KubeletError::Garbage(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn counting_any_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+        let _ = count_containers(&bytes);
+    }
 }
