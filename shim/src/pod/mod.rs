@@ -11,6 +11,7 @@ mod announce;
 mod host;
 mod observe;
 mod pod_resources;
+mod retries;
 mod specs;
 mod store;
 
@@ -38,6 +39,7 @@ use affinity::NodeAffinity;
 use announce::Announcer;
 use kata_topo_core::affinity::NodeView;
 use pod_resources::KubeletIntents;
+use retries::{Reads, Retries, RETRY_WINDOW};
 
 /// The longest a check waits for its daemon's first topology load, when that load is under
 /// way: a new pod's daemon loads the topology while the delegate starts, and on a fresh node
@@ -134,6 +136,8 @@ pub(crate) struct Pod {
     kubelet: KubeletIntents,
     /// The pod's node affinity against its node's labels.
     affinity: NodeAffinity,
+    /// What each task's last resize read, answering the kubelet's retries of it.
+    retries: Retries,
 }
 
 impl Pod {
@@ -188,6 +192,7 @@ impl Pod {
             observer: Observer::new(),
             sinks,
             kubelet: KubeletIntents::new(&config),
+            retries: Retries::new(RETRY_WINDOW),
             config,
             kata,
             delegate_pid: std::sync::OnceLock::new(),
@@ -418,12 +423,28 @@ impl Pod {
             .unwrap_or_else(|| spec.resources.clone());
         let class = current.classify(&update);
         let baseline = self.baseline_of_task(&record);
-        // A resize asks the kubelet again; a cpuset push (the CPU manager's reconcile, sent to
-        // every shared-pool container at once) is checked against what was kept.
+        // A resize asks the kubelet again and reads the node's labels again; a cpuset push
+        // (the CPU manager's reconcile, sent to every shared-pool container at once) is
+        // checked against what was kept; the kubelet's retry of a resize (the same request
+        // again, while it is pending) against what the first one read (`retries`).
         let resize = matches!(class, UpdateClass::Resize | UpdateClass::Mixed);
-        let kubelet = self.kubelet.view(&spec.pod, resize);
-        // A resize reads the node's labels again; a cpuset push does not.
-        let node = resize.then(|| self.node_view(&spec.pod)).flatten();
+        let Reads { kubelet, node } = match resize
+            .then(|| self.retries.reads_of(task_id, resources_json))
+            .flatten()
+        {
+            Some(first) => first,
+            None => {
+                let reads = Reads {
+                    kubelet: self.kubelet.view(&spec.pod, resize),
+                    node: resize.then(|| self.node_view(&spec.pod)).flatten(),
+                };
+                if resize {
+                    self.retries
+                        .remember(task_id, resources_json, reads.clone());
+                }
+                reads
+            }
+        };
         let request = Request {
             node: node.as_ref(),
             ..self.request(task_id, &spec, kubelet.as_deref())
@@ -562,6 +583,7 @@ impl Pod {
                     self.specs.forget(&r.bundle);
                 }
                 self.announcer.forget(&task_id);
+                self.retries.forget(&task_id);
                 self.observer.cancel(&task_id);
                 if task_id == self.group || record.is_some_and(|r| r.sandbox) {
                     self.sinks
@@ -1381,6 +1403,59 @@ mod tests {
         assert_eq!(kept.pod.owner.expect("owner").name, "pod-rs");
     }
 
+    /// The kubelet retries a refused resize about once a second: each retry of the same
+    /// request is answered from what the first read (one question to the kubelet, one read of
+    /// the node, for any number of retries), and refused the same; another resize reads again.
+    #[test]
+    fn a_retried_resize_is_answered_from_the_first_ones_reads() {
+        use kata_topo_kubelet::fake::FakeKubelet;
+        use kata_topo_kubelet::v1;
+        let api = ApiServer::start();
+        let kubelet = FakeKubelet::answering(v1::PodResources {
+            name: "pod".into(),
+            namespace: "ns".into(),
+            containers: vec![v1::ContainerResources {
+                name: "app".into(),
+                cpu_ids: vec![1],
+                ..Default::default()
+            }],
+        });
+        let kubelet_config = kubelet.dir().join("config.yaml");
+        std::fs::write(&kubelet_config, "cpuManagerPolicy: static\n").expect("config");
+        let p = pod_configured(
+            "enforce",
+            None,
+            true,
+            &format!(
+                "{}kubelet_pod_resources_socket = \"{}\"\nkubelet_config = \"{}\"\n",
+                api.config(),
+                kubelet.socket().display(),
+                kubelet_config.display()
+            ),
+            false,
+        );
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.create();
+        let (asked, read) = (kubelet.calls(), api.gets());
+        api.label("nic", "e810");
+        for _ in 0..5 {
+            assert!(matches!(p.update(RESIZE), Outcome::Refuse(_)));
+        }
+        assert_eq!(
+            kubelet.calls(),
+            asked + 1,
+            "one question for the resize and its retries"
+        );
+        assert_eq!(api.gets(), read + 1, "one read of the node");
+        // Another resize is another request: it asks and reads again.
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
+            Outcome::Refuse(_)
+        ));
+        assert_eq!(kubelet.calls(), asked + 2);
+        assert_eq!(api.gets(), read + 2);
+    }
+
     /// In enforce mode a recreate and a resize on a node that no longer fits the pod are refused,
     /// naming the rule and the pod; a wrapper daemon started again for the pod keeps the label
     /// baseline and reads only the node.
@@ -1419,9 +1494,15 @@ mod tests {
             before + 2,
             "the node only, each time: the pod was kept"
         );
-        // Relabelled back: the resize goes through.
+        // Relabelled back: the kubelet's retry of that resize, within 10 s of it, is checked
+        // against what it read, and refused the same; another resize reads the node again and
+        // goes through.
         api.label("nic", "mlx5");
-        assert!(matches!(again.update(RESIZE), Outcome::Forward(_)));
+        refused(again.update(RESIZE), "the update of container app");
+        assert!(matches!(
+            again.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
+            Outcome::Forward(_)
+        ));
     }
 
     /// An API server that accepts and never answers costs a resize the timeout and a

@@ -7,7 +7,8 @@
 //! change with them), so a node's pods ask the kubelet at their creation and their resizes
 //! only. The kubelet's PodResources server allows 100 calls a second with a burst of 10
 //! across all its clients; a hundred pods each asking once at creation and once per resize
-//! stay far below it. When the kubelet does not answer, the request that asked falls back to
+//! stay far below it; the kubelet's retries of a refused resize are answered from the first
+//! one's answer (`retries`). When the kubelet does not answer, the request that asked falls back to
 //! the annotations and the baseline with a `kubelet-intent-unavailable` warning naming why,
 //! and the answer it gave before, if any, stays kept for the requests that do not ask: what
 //! was admitted does not change because the kubelet restarts. A pod the kubelet gave no
