@@ -2,7 +2,7 @@
 //! of a request that could not run: each verdict is finished when it comes out — its ids from
 //! the request, the rules its phase reports, a stale host said, the decision made last.
 
-use kata_topo_core::check::{could_not_run, Unread};
+use kata_topo_core::check::{could_not_run, Unread, Update};
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::testutil::*;
 use kata_topo_core::{
@@ -226,7 +226,7 @@ fn a_request_that_could_not_run_names_what_is_known_of_it() {
         ..closed
     };
     let v = req.could_not_run(
-        Phase::Update(Running::default(), &push),
+        Phase::Update(Update::new(&s, Running::default(), &push)),
         any,
         "no host topology",
     );

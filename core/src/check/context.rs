@@ -12,11 +12,14 @@ use crate::check::rule::Finding;
 use crate::check::verdict::{Operation, UpdateClass};
 use crate::host::Host;
 use crate::idset::IdSet;
+use crate::input::affinity::NodeView;
+use crate::input::kata::KataConfig;
 use crate::input::kubelet::KubeletView;
-use crate::input::spec::{ContainerKind, Resources};
+use crate::input::spec::{ContainerKind, ContainerSpec, Resources};
+use crate::vm::VmView;
 
 use super::devices::Device;
-use super::{Checker, Input};
+use super::{Checker, Phase, Request};
 
 /// The NUMA nodes a container may use, and what says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,17 +67,30 @@ pub(super) struct Cpus {
 pub(super) struct Context<'r> {
     /// The host it is checked against.
     pub(super) host: &'r Host,
-    /// The request.
-    pub(super) req: Input<'r>,
+    /// The container's OCI spec.
+    pub(super) spec: &'r ContainerSpec,
+    /// The baseline the container is held to, if one was recorded (its first create's).
+    pub(super) baseline: Option<&'r Baseline>,
+    /// Kata's configuration as it applies to the pod (the node's, with the pod's
+    /// `io.katacontainers.config.*` annotations), for the Kata rules.
+    pub(super) kata: Option<KataConfig>,
+    /// What the VM actually got, judged by the VM rules: the request's, or what the phase
+    /// observed.
+    pub(super) vm: Option<&'r VmView>,
+    /// The VM the container runs in, read before an update: the vCPUs static sizing keeps
+    /// (default: `vm`).
+    pub(super) running_vm: Option<&'r VmView>,
+    /// What the API server said about the pod's node, when it was read.
+    pub(super) node: Option<&'r NodeView>,
     /// The policy in force: the CLI's override, else the pod's annotation, else the default.
     pub(super) policy: Policy,
     /// The mode in force, likewise.
     pub(super) mode: Mode,
-    /// What is checked.
+    /// What is checked (the phase's operation).
     pub(super) operation: Operation,
-    /// For an update, what it changes.
+    /// For an update, what it changes (the phase's class).
     pub(super) class: Option<UpdateClass>,
-    /// The resources in force before the request: an update's `current`, else the spec's.
+    /// The resources in force before the request: a running container's, else the spec's.
     pub(super) current: &'r Resources,
     /// The resources the container has if the request goes through.
     pub(super) effective: Cow<'r, Resources>,
@@ -93,12 +109,17 @@ pub(super) struct Context<'r> {
 }
 
 impl<'r> Context<'r> {
-    /// Works out what `req` is about, and returns with it the findings about the pod's
-    /// intent (invalid annotations, whose defaults then stand in).
-    pub(super) fn new(checker: &Checker<'r>, req: Input<'r>) -> (Self, Vec<Finding>) {
+    /// Works out what `req` is about in `phase`, and returns with it the findings about the
+    /// pod's intent (invalid annotations, whose defaults then stand in).
+    pub(super) fn new(
+        checker: &Checker<'r>,
+        req: &Request<'r>,
+        phase: &Phase<'r>,
+    ) -> (Self, Vec<Finding>) {
         let host = checker.host;
         let spec = req.spec;
-        let baseline_nodes = req.baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
+        let baseline = phase.baseline();
+        let baseline_nodes = baseline.map(Baseline::nodes).filter(|n| !n.is_empty());
         // The kubelet's admission, when it was asked and lists the container, is the intent:
         // its Topology Manager policy is the default, its nodes what the annotations narrow.
         let (kubelet, kubelet_unavailable) = match req.kubelet {
@@ -138,16 +159,16 @@ impl<'r> Context<'r> {
             _ => None,
         };
         let (intent, invalid) = Intent::over(&spec.annotations, &defaults, reference, host);
-        let operation = match (req.update, spec.kind, req.baseline) {
-            (Some(_), _, _) => Operation::Update,
-            (None, ContainerKind::Sandbox, _) => Operation::Sandbox,
-            (None, _, Some(_)) => Operation::Recreate,
-            (None, _, None) => Operation::Create,
+        let running = phase.running();
+        let current = running.and_then(|r| r.current).unwrap_or(&spec.resources);
+        let effective = match phase {
+            Phase::Update(update) => Cow::Owned(current.merged(update.resources)),
+            Phase::Observe(..) => Cow::Borrowed(current),
+            Phase::Admit | Phase::Recreate(_) => Cow::Borrowed(&spec.resources),
         };
-        let current = req.current.unwrap_or(&spec.resources);
-        let effective = match req.update {
-            Some(u) => Cow::Owned(current.merged(u)),
-            None => Cow::Borrowed(&spec.resources),
+        let (vm, running_vm) = match phase {
+            Phase::Observe(_, seen) => (Some(*seen), None),
+            _ => (req.vm, running.and_then(|r| r.vm)),
         };
         let kubelet_nodes = kubelet.as_ref().and_then(|k| k.numa_nodes.clone());
         let allowed = match (intent.numa_nodes, kubelet_nodes, baseline_nodes) {
@@ -186,11 +207,16 @@ impl<'r> Context<'r> {
         });
         let cx = Self {
             host,
-            req,
+            spec,
+            baseline,
+            kata: req.pod_kata(),
+            vm,
+            running_vm,
+            node: req.node,
             policy: req.overrides.policy.unwrap_or(intent.policy),
             mode: req.overrides.mode.unwrap_or(intent.mode),
-            operation,
-            class: req.update.map(|u| current.classify(u)),
+            operation: phase.operation(spec),
+            class: phase.class(),
             current,
             effective,
             allowed,
@@ -222,7 +248,7 @@ mod tests {
     use super::*;
     use crate::check::intent::{Baseline, BASELINE_VERSION};
     use crate::check::policy::Defaults;
-    use crate::check::Overrides;
+    use crate::check::{Overrides, Running, Update};
     use crate::host::TopologySource;
     use crate::input::spec::ContainerSpec;
 
@@ -264,11 +290,13 @@ mod tests {
         let placed = baseline("0", Some("0-1"));
         let empty = baseline("", None);
         let allowed = |spec: &ContainerSpec, baseline: Option<&Baseline>| {
-            let req = Input {
-                baseline,
-                ..Input::create(spec)
+            let phase = match baseline {
+                Some(b) => Phase::Recreate(b),
+                None => Phase::Admit,
             };
-            Context::new(&checker, req).0.allowed
+            Context::new(&checker, &Request::new(spec), &phase)
+                .0
+                .allowed
         };
         let by = |nodes: &str, source| {
             Some(Allowed {
@@ -305,17 +333,15 @@ mod tests {
         let checker = Checker::new(&host, None, any);
         let s = spec("0-1", serde_json::json!({"kata-topo.io/policy": "none"}));
         let push = Resources::from_json(br#"{"cpu": {"cpus": "24-25"}}"#).expect("update");
-        let (cx, invalid) = Context::new(
-            &checker,
-            Input {
-                update: Some(&push),
-                overrides: Overrides {
-                    policy: None,
-                    mode: Some(Mode::Enforce),
-                },
-                ..Input::create(&s)
+        let req = Request {
+            overrides: Overrides {
+                policy: None,
+                mode: Some(Mode::Enforce),
             },
-        );
+            ..Request::new(&s)
+        };
+        let update = Update::new(&s, Running::default(), &push);
+        let (cx, invalid) = Context::new(&checker, &req, &Phase::Update(update));
         assert!(invalid.is_empty());
         assert_eq!(cx.operation, Operation::Update);
         assert_eq!(cx.class, Some(UpdateClass::Cpuset));
@@ -334,7 +360,7 @@ mod tests {
         let host = host("16em64t-4s2c2t-offlines.xml");
         let checker = Checker::new(&host, None, Defaults::default());
         let s = spec("2", serde_json::json!({"kata-topo.io/policy": "bogus"}));
-        let (cx, invalid) = Context::new(&checker, Input::create(&s));
+        let (cx, invalid) = Context::new(&checker, &Request::new(&s), &Phase::Admit);
         assert_eq!(invalid.len(), 1, "{invalid:?}");
         assert_eq!(cx.operation, Operation::Create);
         assert_eq!(cx.policy, Policy::Restricted);
@@ -344,7 +370,7 @@ mod tests {
         assert_eq!(cx.cpu_nodes(), None);
         let mut unpinned = s.clone();
         unpinned.resources.cpus = None;
-        let (cx, _) = Context::new(&checker, Input::create(&unpinned));
+        let (cx, _) = Context::new(&checker, &Request::new(&unpinned), &Phase::Admit);
         assert_eq!((&cx.cpus, cx.cpu_nodes()), (&None, None));
     }
 }

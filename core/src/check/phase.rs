@@ -1,15 +1,19 @@
-//! The entry points: one per phase of a container the wrapper, the hook and the CLI see —
-//! [`Checker::admit`], [`Checker::recreate`], [`Checker::update`], [`Checker::observe`] — each
-//! taking a [`Request`] and giving a finished [`Verdict`], and [`could_not_run`] (or
-//! [`Request::could_not_run`]) for a request no checker could look at. Nothing outside the
-//! core edits a verdict: the pod's intent is resolved once (`context.rs`), every finding is
-//! weighed by the one severity table, and the decision is made here, last.
+//! The entry points: [`Checker::check`] runs one [`Phase`] of a container the wrapper, the hook
+//! and the CLI see — admit, recreate, update, observe ([`Checker::admit`],
+//! [`Checker::recreate`], [`Checker::update`], [`Checker::observe`] for short) — on a
+//! [`Request`] and gives a finished [`Verdict`]; [`could_not_run`] (or
+//! [`Request::could_not_run`]) gives one for a request no checker could look at. Nothing
+//! outside the core edits a verdict: the phase's operation and update class are worked out
+//! once, here; the pod's intent is resolved once (`context.rs`); every finding is weighed by
+//! the one severity table (`Findings::add`, `mod.rs`); and the decision is made here, last.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::check::intent::{Baseline, Intent, IntentOrigin, ANNOTATION_MODE, ANNOTATION_POLICY};
+use crate::check::intent::{
+    Baseline, Intent, IntentOrigin, KubeletIntent, ANNOTATION_MODE, ANNOTATION_POLICY,
+};
 use crate::check::policy::Defaults;
-use crate::check::rule::{severity, Finding, Rule};
+use crate::check::rule::Rule;
 use crate::check::verdict::{Decision, Operation, UpdateClass, Verdict};
 use crate::input::affinity::NodeView;
 use crate::input::kata::KataConfig;
@@ -17,17 +21,18 @@ use crate::input::kubelet::KubeletView;
 use crate::input::spec::{ContainerKind, ContainerSpec, Resources};
 use crate::vm::VmView;
 
-use super::{check_failed, Checker, Input, Overrides};
+use super::context::Context;
+use super::{add_check_failed, Checker, Findings, Overrides};
 
 /// One request about one container: what the pod asks (its spec's annotations, devices and
 /// resources) and everything else that says what the pod is meant to get.
 ///
 /// The pod's intent comes from the sources named here — the spec's `kata-topo.io/*`
-/// annotations, [`Request::kubelet`] — and from the phase's baseline ([`Phase`]); all of them
-/// are resolved together, once, in `context.rs` (`Context::new`), within the node's
-/// `pod_overrides`. A new source of intent (the node's labels against the pod's node
-/// affinity, say) is one more `Option<&…>` field here and one more input there; the phases
-/// and their callers do not change.
+/// annotations, [`Request::kubelet`], [`Request::node`] — and from the phase's baseline
+/// ([`Phase`]); all of them are resolved together, once, in `context.rs` (`Context::new`),
+/// within the node's `pod_overrides`. A new source of intent is one more `Option<&…>` field
+/// here, resolved there, and a rule family under `families/` that reads it (the recipe is in
+/// `docs/code-map.md`); the phases and their callers do not change.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     /// The container's OCI spec (annotations, devices, resources at create).
@@ -84,7 +89,7 @@ impl<'a> Request<'a> {
         could_not_run(
             &Unread {
                 operation: phase.operation(self.spec),
-                class: phase.class(self.spec),
+                class: phase.class(),
                 spec: Some(self.spec),
                 container_id: self.container_id,
                 sandbox_id: None,
@@ -110,6 +115,40 @@ pub struct Running<'a> {
     pub vm: Option<&'a VmView>,
 }
 
+/// A resource update of a running container to `resources`, classified once
+/// ([`Update::new`]): the wrapper decides from its class what to ask again (a resize asks the
+/// kubelet and the API server, a cpuset push asks neither) and the verdict names it.
+#[derive(Debug, Clone, Copy)]
+pub struct Update<'a> {
+    /// What the container has before the update.
+    pub running: Running<'a>,
+    /// The new `LinuxResources`.
+    pub resources: &'a Resources,
+    /// What the update changes against the resources in force.
+    pub class: UpdateClass,
+}
+
+impl<'a> Update<'a> {
+    /// The update of a container of `spec` from what it runs with (`running.current`, else the
+    /// spec's resources) to `resources`.
+    pub fn new(spec: &ContainerSpec, running: Running<'a>, resources: &'a Resources) -> Self {
+        let class = running
+            .current
+            .unwrap_or(&spec.resources)
+            .classify(resources);
+        Self {
+            running,
+            resources,
+            class,
+        }
+    }
+
+    /// Whether it changes quota, shares or memory (`resize` or `mixed`), not only the cpuset.
+    pub fn is_resize(&self) -> bool {
+        matches!(self.class, UpdateClass::Resize | UpdateClass::Mixed)
+    }
+}
+
 /// Which check a request gets.
 #[derive(Debug, Clone, Copy)]
 pub enum Phase<'a> {
@@ -118,18 +157,18 @@ pub enum Phase<'a> {
     /// A later create of a container name the sandbox already ran, held to the baseline its
     /// first create recorded.
     Recreate(&'a Baseline),
-    /// A resource update of a running container: the new `LinuxResources`. The wrapper judges
-    /// the VM's own behaviour once the delegate applied it ([`Phase::Observe`]).
-    Update(Running<'a>, &'a Resources),
+    /// A resource update of a running container. The wrapper judges the VM's own behaviour
+    /// once the delegate applied it ([`Phase::Observe`]).
+    Update(Update<'a>),
     /// What the VM's vCPU threads really do once the delegate applied a request
     /// (`vcpu-affinity-drift`, `vcpu-overlap`), as an `update` verdict of class `noop`: after
     /// the fact, so it never refuses.
     Observe(Running<'a>, &'a VmView),
 }
 
-impl Phase<'_> {
-    /// The operation a verdict of this phase names.
-    fn operation(&self, spec: &ContainerSpec) -> Operation {
+impl<'a> Phase<'a> {
+    /// The operation a verdict of this phase names: the one place it is worked out.
+    pub fn operation(&self, spec: &ContainerSpec) -> Operation {
         match self {
             Self::Admit | Self::Recreate(_) if spec.kind == ContainerKind::Sandbox => {
                 Operation::Sandbox
@@ -140,14 +179,31 @@ impl Phase<'_> {
         }
     }
 
-    /// The update class a verdict of this phase names.
-    fn class(&self, spec: &ContainerSpec) -> Option<UpdateClass> {
+    /// The update class a verdict of this phase names (none for a create).
+    pub fn class(&self) -> Option<UpdateClass> {
         match self {
             Self::Admit | Self::Recreate(_) => None,
-            Self::Update(running, update) => {
-                Some(running.current.unwrap_or(&spec.resources).classify(update))
-            }
+            Self::Update(update) => Some(update.class),
             Self::Observe(..) => Some(UpdateClass::Noop),
+        }
+    }
+
+    /// The baseline the container is held to, if one was recorded.
+    pub(super) fn baseline(&self) -> Option<&'a Baseline> {
+        match self {
+            Self::Admit => None,
+            Self::Recreate(baseline) => Some(baseline),
+            Self::Update(update) => update.running.baseline,
+            Self::Observe(running, _) => running.baseline,
+        }
+    }
+
+    /// What the container runs with, for an update or an observation.
+    pub(super) fn running(&self) -> Option<&Running<'a>> {
+        match self {
+            Self::Admit | Self::Recreate(_) => None,
+            Self::Update(update) => Some(&update.running),
+            Self::Observe(running, _) => Some(running),
         }
     }
 
@@ -174,73 +230,72 @@ fn is_observed(rule: Rule) -> bool {
 impl Checker<'_> {
     /// The sandbox's create, or a container's first create in its sandbox.
     pub fn admit(&self, req: &Request<'_>) -> Verdict {
-        self.run(Phase::Admit, req)
+        self.check(Phase::Admit, req)
     }
 
     /// A later create of a container name the sandbox already ran, held to its baseline.
     pub fn recreate(&self, req: &Request<'_>, baseline: &Baseline) -> Verdict {
-        self.run(Phase::Recreate(baseline), req)
+        self.check(Phase::Recreate(baseline), req)
     }
 
     /// A resource update of a running container to `update`.
     pub fn update(&self, req: &Request<'_>, running: Running<'_>, update: &Resources) -> Verdict {
-        self.run(Phase::Update(running, update), req)
+        self.check(Phase::Update(Update::new(req.spec, running, update)), req)
     }
 
     /// What the VM does once the delegate applied a request.
     pub fn observe(&self, req: &Request<'_>, running: Running<'_>, vm: &VmView) -> Verdict {
-        self.run(Phase::Observe(running, vm), req)
+        self.check(Phase::Observe(running, vm), req)
     }
 
-    /// Runs one phase: lowers the request for the rules, checks it, decides. A checker that
-    /// panics gives the `check-failed` verdict, never a panic.
-    fn run(&self, phase: Phase<'_>, req: &Request<'_>) -> Verdict {
-        let spec = req.spec;
-        let kata = req.pod_kata();
-        let input = Input {
-            spec,
-            update: None,
-            current: None,
-            baseline: None,
-            container_id: req.container_id,
-            overrides: req.overrides,
-            kata: kata.as_ref(),
-            vm: req.vm,
-            running_vm: None,
-            kubelet: req.kubelet,
-            node: req.node,
-        };
-        let input = match phase {
-            Phase::Admit => input,
-            Phase::Recreate(baseline) => Input {
-                baseline: Some(baseline),
-                ..input
-            },
-            Phase::Update(running, update) => Input {
-                update: Some(update),
-                current: running.current,
-                baseline: running.baseline,
-                running_vm: running.vm,
-                ..input
-            },
-            Phase::Observe(running, vm) => {
-                let current = running.current.unwrap_or(&spec.resources);
-                Input {
-                    update: Some(current),
-                    current: Some(current),
-                    baseline: running.baseline,
-                    vm: Some(vm),
-                    ..input
-                }
-            }
-        };
+    /// Runs one phase of a request: works out what it is about (its context), runs the rule
+    /// families over it, decides. A checker that panics gives the `check-failed` verdict,
+    /// never a panic.
+    pub fn check(&self, phase: Phase<'_>, req: &Request<'_>) -> Verdict {
         let refuses = phase.refuses() && !req.after_the_fact;
-        match catch_unwind(AssertUnwindSafe(|| self.verdict(&input, phase.reports()))) {
+        match catch_unwind(AssertUnwindSafe(|| self.verdict(&phase, req))) {
             Ok(mut verdict) => {
                 verdict.settle(refuses);
                 verdict
             }
             Err(_) => req.could_not_run(phase, self.defaults, "the checker failed unexpectedly"),
+        }
+    }
+
+    /// The verdict on one phase of a request, not yet decided: its context worked out, the
+    /// pod's intent found invalid, the rule families' findings and why the host may be out of
+    /// date, each weighed by the severity table when the phase reports its rule.
+    fn verdict(&self, phase: &Phase<'_>, req: &Request<'_>) -> Verdict {
+        let (cx, invalid_intent) = Context::new(self, req, phase);
+        let mut f = Findings::new(cx.policy, self.defaults.fail_closed, phase.reports());
+        for invalid in invalid_intent {
+            f.add(
+                invalid.rule,
+                invalid.message,
+                invalid.expected,
+                invalid.observed,
+            );
+        }
+        for family in super::FAMILIES {
+            family(&cx, &mut f);
+        }
+        if let Some(reason) = self.stale {
+            add_check_failed(&mut f, reason);
+        }
+        let spec = req.spec;
+        Verdict {
+            operation: cx.operation,
+            class: cx.class,
+            sandbox_id: spec.sandbox_id.clone(),
+            container_id: req.container_id.map(str::to_string),
+            container_name: spec.container_name.clone(),
+            pod: spec.pod.clone(),
+            policy: cx.policy,
+            mode: cx.mode,
+            decision: Decision::Allow,
+            findings: f.into_list(),
+            intent_source: cx.origin,
+            kubelet: cx.kubelet.as_ref().map(KubeletIntent::reported),
         }
     }
 }
@@ -277,15 +332,16 @@ pub fn could_not_run(unread: &Unread<'_>, defaults: Defaults, reason: &str) -> V
         annotation(ANNOTATION_MODE).and_then(|v| v.parse().ok()),
         &defaults,
     );
-    let findings = check_failed(policy, defaults.fail_closed, reason)
-        .into_iter()
-        .chain(ignored.into_iter().filter_map(|f| {
-            Some(Finding {
-                severity: severity(f.rule, policy, defaults.fail_closed)?,
-                ..f
-            })
-        }))
-        .collect();
+    let mut f = Findings::new(policy, defaults.fail_closed, |_| true);
+    add_check_failed(&mut f, reason);
+    for ignored in ignored {
+        f.add(
+            ignored.rule,
+            ignored.message,
+            ignored.expected,
+            ignored.observed,
+        );
+    }
     let mut verdict = Verdict {
         operation: unread.operation,
         class: unread.class,
@@ -299,7 +355,7 @@ pub fn could_not_run(unread: &Unread<'_>, defaults: Defaults, reason: &str) -> V
         policy,
         mode,
         decision: Decision::Allow,
-        findings,
+        findings: f.into_list(),
         intent_source: IntentOrigin::default(),
         kubelet: None,
     };

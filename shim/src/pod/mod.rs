@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::check::{could_not_run, Phase, Request, Running, Unread};
+use kata_topo_core::check::{could_not_run, Phase, Request, Running, Unread, Update};
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::kata::KataConfig;
 use kata_topo_core::process::ProcessId;
@@ -28,8 +28,7 @@ use kata_topo_core::request::ContainerKind;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
-    Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Resources, Sysfs, UpdateClass,
-    Verdict,
+    Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Resources, Sysfs, Verdict,
 };
 use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist};
 use slog::Logger;
@@ -253,12 +252,7 @@ impl Pod {
         };
         let checker =
             Checker::new(&host, Some(&self.sysfs), self.defaults()).stale(stale.as_deref());
-        match phase {
-            Phase::Admit => checker.admit(req),
-            Phase::Recreate(baseline) => checker.recreate(req, baseline),
-            Phase::Update(running, update) => checker.update(req, running, update),
-            Phase::Observe(running, vm) => checker.observe(req, running, vm),
-        }
+        checker.check(phase, req)
     }
 
     /// The verdict of a request of this pod that could not be read (its spec, its
@@ -421,13 +415,19 @@ impl Pod {
             .resources
             .clone()
             .unwrap_or_else(|| spec.resources.clone());
-        let class = current.classify(&update);
         let baseline = self.baseline_of_task(&record);
+        let running = Running {
+            current: Some(&current),
+            baseline: baseline.as_ref(),
+            vm: None,
+        };
+        // Classified once, here: the core's verdict names the same class.
+        let mut change = Update::new(&spec, running, &update);
         // A resize asks the kubelet again and reads the node's labels again; a cpuset push
         // (the CPU manager's reconcile, sent to every shared-pool container at once) is
         // checked against what was kept; the kubelet's retry of a resize (the same request
         // again, while it is pending) against what the first one read (`retries`).
-        let resize = matches!(class, UpdateClass::Resize | UpdateClass::Mixed);
+        let resize = change.is_resize();
         let Reads { kubelet, node } = match resize
             .then(|| self.retries.reads_of(task_id, resources_json))
             .flatten()
@@ -467,12 +467,8 @@ impl Pod {
                     .ok()
             })
             .filter(VmView::is_vmm);
-        let running = Running {
-            current: Some(&current),
-            baseline: baseline.as_ref(),
-            vm: vm.as_ref(),
-        };
-        let verdict = self.run(Phase::Update(running, &update), &request);
+        change.running.vm = vm.as_ref();
+        let verdict = self.run(Phase::Update(change), &request);
         let accept = OnAccept::Updated {
             task_id: task_id.to_string(),
             resources: current.merged(&update),

@@ -13,7 +13,7 @@ use crate::check::Findings;
 /// `topology-drift`: the host changed since the baseline, in general (fingerprint) and for
 /// this container (its baseline CPUs' nodes, its devices' nodes).
 pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
-    let Some(baseline) = cx.req.baseline else {
+    let Some(baseline) = cx.baseline else {
         return;
     };
     let host = cx.host;

@@ -6,7 +6,7 @@ use crate::check::context::Context;
 use crate::check::Findings;
 
 pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
-    if let Some(view) = cx.req.node {
+    if let Some(view) = cx.node {
         view.findings(&mut |rule, message, expected, observed| {
             f.add(rule, message, expected, observed)
         });

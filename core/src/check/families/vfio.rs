@@ -15,7 +15,7 @@ use crate::check::{node_word, Findings};
 /// The VFIO rules: device paths that name no VFIO device, then the devices device by device in
 /// the spec's order.
 pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
-    for bad in &cx.req.spec.bad_devices {
+    for bad in &cx.spec.bad_devices {
         f.add(
             Rule::VfioMissing,
             format!(

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::check::rule::Rule;
+use crate::check::verdict::Operation;
 use crate::host::Locality;
 use crate::input::kata::KataConfig;
 use crate::input::spec::Resources;
@@ -18,11 +19,11 @@ use crate::check::{node_word, Findings};
 
 /// The Kata rules when Kata's configuration is known, then the VM rules when the VM's view is.
 pub(in crate::check) fn check(cx: &Context<'_>, f: &mut Findings) {
-    if let Some(kata) = cx.req.kata {
+    if let Some(kata) = &cx.kata {
         vcpu_pinning_lost(cx, kata, f);
         guest_numa_uncovered(cx, kata, f);
     }
-    if let Some(vm) = cx.req.vm.filter(|v| v.is_vmm()) {
+    if let Some(vm) = cx.vm.filter(|v| v.is_vmm()) {
         vcpu_affinity_drift(cx, vm, f);
         vcpu_overlap(vm, f);
     }
@@ -45,13 +46,8 @@ fn vcpu_pinning_lost(cx: &Context<'_>, kata: &KataConfig, f: &mut Findings) {
     };
     // Static sizing: the VM keeps the vCPUs it was built with. Otherwise Kata resizes it to
     // default_vcpus + the containers' limits.
-    let (vcpus, how) = if kata.static_sandbox_resource_mgmt && cx.req.update.is_some() {
-        match cx
-            .req
-            .running_vm
-            .or(cx.req.vm)
-            .filter(|v| v.vcpu_count() > 0)
-        {
+    let (vcpus, how) = if kata.static_sandbox_resource_mgmt && cx.operation == Operation::Update {
+        match cx.running_vm.or(cx.vm).filter(|v| v.vcpu_count() > 0) {
             Some(v) => (
                 u32::try_from(v.vcpu_count()).unwrap_or(u32::MAX),
                 "the VM's vCPUs (static sizing)",
