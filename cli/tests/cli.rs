@@ -1111,6 +1111,7 @@ fn node_affinity_offline_from_a_recorded_node_and_pod() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let v = stdout_json(&out);
     assert_eq!(v["operation"], "create");
+    assert_eq!(v["class"], Value::Null);
     assert_eq!(v["pod"]["name"], "nic-bound-7c9d4-x2lqp");
     assert!(rules(&v).is_empty(), "{v}");
 
@@ -1122,6 +1123,7 @@ fn node_affinity_offline_from_a_recorded_node_and_pod() {
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let v = stdout_json(&out);
     assert_eq!(v["operation"], "update");
+    assert_eq!(v["class"], "noop", "the pod alone changes no resources");
     assert_eq!(v["decision"], "reject");
     assert_eq!(rules(&v), ["node-affinity-violated"]);
     let finding = &v["findings"][0];

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kata_topo_core::affinity::{self, NodeLabels, NodeView, PodPlacement};
+use kata_topo_core::affinity::{NodeLabels, NodeView, PodPlacement};
 use kata_topo_core::check::{Request, Running};
 use kata_topo_core::files;
 use kata_topo_core::kata::KataConfig;
@@ -173,21 +173,23 @@ pub(crate) fn check(args: &CheckArgs) -> Result<ExitCode> {
         pod_overrides: args.pod_overrides.unwrap_or(node.pod_overrides),
         ..node
     };
-    let Some(spec_path) = &args.spec else {
-        // The node-affinity check alone (clap requires --spec otherwise).
-        let Some(view) = &node_view else {
-            anyhow::bail!("--spec or --node-labels is required");
-        };
-        return print(&affinity::verdict(view, defaults), args.json);
+    let spec = match (&args.spec, &node_view) {
+        (Some(path), _) => ContainerSpec::from_json(&read_input(path, MAX_SPEC_BYTES, "OCI spec")?)
+            .map_err(|e| spec_error(e, path))?,
+        // The pod alone (clap requires --spec otherwise): its node affinity, through the same
+        // phases as a container's request.
+        (None, Some(NodeView::Read { pod, .. })) => ContainerSpec::pod_only(pod.pod_ref()),
+        (None, _) => anyhow::bail!("--spec or --node-labels is required"),
     };
-    let spec = ContainerSpec::from_json(&read_input(spec_path, MAX_SPEC_BYTES, "OCI spec")?)
-        .map_err(|e| spec_error(e, spec_path))?;
-    let update = match &args.update {
-        Some(path) => Some(
+    let update = match (&args.update, &args.spec, &args.label_baseline) {
+        (Some(path), _, _) => Some(
             Resources::from_json(&read_input(path, MAX_RESOURCES_BYTES, "LinuxResources")?)
                 .map_err(|e| spec_error(e, path))?,
         ),
-        None => None,
+        // The pod alone, held to its label baseline: an update that changes nothing (`noop`),
+        // as the wrapper reads the node again at a resize.
+        (None, None, Some(_)) => Some(Resources::default()),
+        _ => None,
     };
     let baseline: Option<Baseline> = match &args.baseline {
         Some(path) => Some(

@@ -12,7 +12,7 @@ use crate::check::rule::Finding;
 use crate::check::verdict::{Operation, UpdateClass};
 use crate::host::Host;
 use crate::idset::IdSet;
-use crate::input::affinity::NodeView;
+use crate::input::affinity::{NodeLabels, NodeView, PodPlacement};
 use crate::input::kata::KataConfig;
 use crate::input::kubelet::KubeletView;
 use crate::input::spec::{ContainerKind, ContainerSpec, Resources};
@@ -62,6 +62,19 @@ pub(super) struct Cpus {
     pub(super) nodes: IdSet,
 }
 
+/// What the API server said of the pod and its node for this request: the pod's
+/// nodeSelector and node affinity (they cannot change once it is bound), its node now, and its
+/// node at the pod's first create.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NodeFit<'r> {
+    /// The pod's placement.
+    pub(super) pod: &'r PodPlacement,
+    /// The node now.
+    pub(super) node: &'r NodeLabels,
+    /// The label baseline; `None` when this read is the first (it becomes it).
+    pub(super) baseline: Option<&'r NodeLabels>,
+}
+
 /// One request and what it is about.
 #[derive(Debug)]
 pub(super) struct Context<'r> {
@@ -80,8 +93,10 @@ pub(super) struct Context<'r> {
     /// The VM the container runs in, read before an update: the vCPUs static sizing keeps
     /// (default: `vm`).
     pub(super) running_vm: Option<&'r VmView>,
-    /// What the API server said about the pod's node, when it was read.
-    pub(super) node: Option<&'r NodeView>,
+    /// The pod's node affinity and its node, when the API server was read.
+    pub(super) node_fit: Option<NodeFit<'r>>,
+    /// Why the API server, asked, gave no node.
+    pub(super) node_unavailable: Option<&'r str>,
     /// The policy in force: the CLI's override, else the pod's annotation, else the default.
     pub(super) policy: Policy,
     /// The mode in force, likewise.
@@ -138,6 +153,23 @@ impl<'r> Context<'r> {
                 (admitted, None)
             }
             Some(KubeletView::Unavailable { reason }) => (None, Some(reason.clone())),
+            None => (None, None),
+        };
+        // The API server's answer, when it was asked: the pod's node affinity on its node.
+        let (node_fit, node_unavailable) = match req.node {
+            Some(NodeView::Read {
+                pod,
+                node,
+                baseline,
+            }) => (
+                Some(NodeFit {
+                    pod,
+                    node,
+                    baseline: baseline.as_ref(),
+                }),
+                None,
+            ),
+            Some(NodeView::Unavailable { reason }) => (None, Some(reason.as_str())),
             None => (None, None),
         };
         let defaults = match &kubelet {
@@ -212,7 +244,8 @@ impl<'r> Context<'r> {
             kata: req.pod_kata(),
             vm,
             running_vm,
-            node: req.node,
+            node_fit,
+            node_unavailable,
             policy: req.overrides.policy.unwrap_or(intent.policy),
             mode: req.overrides.mode.unwrap_or(intent.mode),
             operation: phase.operation(spec),

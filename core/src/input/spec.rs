@@ -219,6 +219,22 @@ pub struct ContainerSpec {
 }
 
 impl ContainerSpec {
+    /// A request about a pod alone, with no container of it: no annotations, resources or
+    /// devices (`kata-topo check --node-labels` without `--spec` checks the pod's node
+    /// affinity so, through the same phases as a container).
+    pub fn pod_only(pod: PodRef) -> Self {
+        Self {
+            annotations: BTreeMap::new(),
+            kind: ContainerKind::Container,
+            sandbox_id: None,
+            container_name: None,
+            pod,
+            resources: Resources::default(),
+            vfio: Vec::new(),
+            bad_devices: Vec::new(),
+        }
+    }
+
     /// From the OCI type.
     pub fn from_oci(spec: &Spec) -> Result<Self, RequestError> {
         let annotations: BTreeMap<String, String> = spec

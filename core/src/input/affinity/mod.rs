@@ -6,13 +6,11 @@
 //! topology key removed, Node Feature Discovery's labels rewritten) leaves the pod running in
 //! violation of its own requirement. Kubernetes never implemented
 //! `requiredDuringSchedulingRequiredDuringExecution`; kata-topo checks at the points it sees,
-//! each update and recreate:
-//!
-//! - `node-affinity-violated`: the nodeSelector or every required term no longer matches;
-//! - `node-labels-changed`: a label that one of the pod's terms names changed since the pod's
-//!   first create (the **label baseline**) and the term still holds, or a preferred term that
-//!   matched the baseline matches no more;
-//! - `node-labels-unavailable`: the node or the pod could not be read, and why.
+//! each resize and recreate. This module reads the Pod and the Node ([`PodPlacement`],
+//! [`NodeLabels`], the **label baseline** of the pod's first create, [`LabelBaseline`]) and
+//! says what matches, with upstream's semantics; the check resolves the API server's answer
+//! ([`NodeView`]) in its context and the rule family `check/families/node_affinity.rs` gives
+//! the findings (`node-affinity-violated`, `node-labels-changed`, `node-labels-unavailable`).
 //!
 //! The semantics are upstream's (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`
 //! over `k8s.io/apimachinery/pkg/labels`): the nodeSelector's pairs must all be equal; terms
@@ -34,9 +32,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-
-use crate::check::policy::Policy;
-use crate::check::rule::{severity, Finding, Rule};
 
 /// A node's labels, by key.
 pub type Labels = BTreeMap<String, String>;
@@ -381,6 +376,15 @@ impl PodPlacement {
         Ok(placement)
     }
 
+    /// Which pod it is, as a verdict names it.
+    pub fn pod_ref(&self) -> crate::check::verdict::PodRef {
+        crate::check::verdict::PodRef {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+
     /// Whether the pod asks anything of its node's labels or name.
     pub fn constrains(&self) -> bool {
         !self.node_selector.is_empty() || self.required.is_some() || !self.preferred.is_empty()
@@ -442,7 +446,7 @@ impl PodPlacement {
     }
 
     /// What an operator does about a pod that no longer fits its node.
-    fn remedy(&self) -> String {
+    pub(crate) fn remedy(&self) -> String {
         match &self.owner {
             Some(o) if o.kind == "DaemonSet" => format!(
                 "relabel the node, or change DaemonSet {}'s affinity: its pods stay on their nodes",
@@ -659,12 +663,12 @@ impl Term {
     }
 
     /// The label keys the term names.
-    fn keys(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
         self.match_expressions.iter().map(|r| r.key.as_str())
     }
 
     /// The first requirement the node fails, in words.
-    fn first_failure(&self, node: &NodeLabels) -> String {
+    pub(crate) fn first_failure(&self, node: &NodeLabels) -> String {
         if self.is_empty() {
             return "the term is empty and matches no node".into();
         }
@@ -711,7 +715,7 @@ fn describe(r: &Requirement) -> String {
 }
 
 /// Whether the nodeSelector's pairs all hold (an empty one always does).
-fn selector_matches(selector: &Labels, node: &NodeLabels) -> bool {
+pub(crate) fn selector_matches(selector: &Labels, node: &NodeLabels) -> bool {
     selector
         .iter()
         .all(|(k, v)| node.labels.get(k).is_some_and(|x| x == v))
@@ -728,7 +732,7 @@ pub fn required_matches(pod: &PodPlacement, node: &NodeLabels) -> bool {
 }
 
 /// The named labels' values on `node`: a string, or `null` when absent.
-fn values_of<'a>(keys: impl IntoIterator<Item = &'a str>, node: &NodeLabels) -> Value {
+pub(crate) fn values_of<'a>(keys: impl IntoIterator<Item = &'a str>, node: &NodeLabels) -> Value {
     let map: Map<String, Value> = keys
         .into_iter()
         .map(|k| {
@@ -742,7 +746,7 @@ fn values_of<'a>(keys: impl IntoIterator<Item = &'a str>, node: &NodeLabels) -> 
 }
 
 /// The keys among `keys` whose value (or presence) differs between `then` and `now`.
-fn changed<'a>(
+pub(crate) fn changed<'a>(
     keys: impl IntoIterator<Item = &'a str>,
     then: &NodeLabels,
     now: &NodeLabels,
@@ -753,36 +757,6 @@ fn changed<'a>(
         .collect();
     out.sort_unstable();
     out.dedup();
-    out
-}
-
-/// The findings a pod's node affinity gives on `node`, against the label `baseline` recorded
-/// at the pod's first create (`None`: no baseline, only `node-affinity-violated` can be said).
-/// Severities come from the severity table under `policy`.
-pub fn check(
-    pod: &PodPlacement,
-    node: &NodeLabels,
-    baseline: Option<&NodeLabels>,
-    policy: Policy,
-    fail_closed: bool,
-) -> Vec<Finding> {
-    let mut out = Vec::new();
-    evaluate(
-        pod,
-        node,
-        baseline,
-        &mut |rule, message, expected, observed| {
-            if let Some(severity) = severity(rule, policy, fail_closed) {
-                out.push(Finding {
-                    rule,
-                    severity,
-                    message,
-                    expected,
-                    observed,
-                });
-            }
-        },
-    );
     out
 }
 
@@ -809,242 +783,12 @@ pub enum NodeView {
     },
 }
 
-impl NodeView {
-    /// Each finding of the view, unweighed: what the rule families weigh and add.
-    pub fn findings(&self, add: &mut dyn FnMut(Rule, String, Value, Value)) {
-        match self {
-            Self::Read {
-                pod,
-                node,
-                baseline,
-            } => evaluate(pod, node, baseline.as_ref(), add),
-            Self::Unavailable { reason } => add(
-                Rule::NodeLabelsUnavailable,
-                format!(
-                    "the pod's node affinity was not checked: {reason}; the request went on \
-                     unchecked for it"
-                ),
-                json!({"node_labels": "read from the API server"}),
-                json!({"error": reason}),
-            ),
-        }
-    }
-}
-
-/// The verdict of the node-affinity check alone, with no container to check
-/// (`kata-topo check --node-labels --pod-spec` without `--spec`): an `update` when the view
-/// holds a label baseline to hold the node to, as the wrapper checks a resize, else a
-/// `create`; the node's policy and mode (`defaults`).
-pub fn verdict(
-    view: &NodeView,
-    defaults: crate::check::policy::Defaults,
-) -> crate::check::verdict::Verdict {
-    use crate::check::verdict::{Decision, Operation, PodRef, Verdict};
-    let mut findings = Vec::new();
-    view.findings(&mut |rule, message, expected, observed| {
-        if let Some(severity) = severity(rule, defaults.policy, defaults.fail_closed) {
-            findings.push(Finding {
-                rule,
-                severity,
-                message,
-                expected,
-                observed,
-            });
-        }
-    });
-    let (pod, operation) = match view {
-        NodeView::Read { pod, baseline, .. } => (
-            PodRef {
-                name: pod.name.clone(),
-                namespace: pod.namespace.clone(),
-                uid: pod.uid.clone(),
-            },
-            if baseline.is_some() {
-                Operation::Update
-            } else {
-                Operation::Create
-            },
-        ),
-        NodeView::Unavailable { .. } => (PodRef::default(), Operation::Create),
-    };
-    let mut verdict = Verdict {
-        operation,
-        class: None,
-        sandbox_id: None,
-        container_id: None,
-        container_name: None,
-        pod,
-        policy: defaults.policy,
-        mode: defaults.mode,
-        decision: Decision::Allow,
-        findings,
-        intent_source: Default::default(),
-        kubelet: None,
-    };
-    verdict.settle(true);
-    verdict
-}
-
-/// The findings of `pod` on `node` against `baseline`, unweighed, each given to `add`.
-fn evaluate(
-    pod: &PodPlacement,
-    node: &NodeLabels,
-    baseline: Option<&NodeLabels>,
-    add: &mut dyn FnMut(Rule, String, Value, Value),
-) {
-    let who = pod.who();
-    // The nodeSelector and the required terms: violated, or changed but holding.
-    let selector_ok = selector_matches(&pod.node_selector, node);
-    if !selector_ok {
-        let failing: Vec<String> = pod
-            .node_selector
-            .iter()
-            .filter(|(k, v)| node.labels.get(*k) != Some(v))
-            .map(|(k, v)| {
-                format!(
-                    "{k}={v:?} (the node has {})",
-                    node.labels
-                        .get(k)
-                        .map_or_else(|| "no such label".into(), |x| format!("{x:?}"))
-                )
-            })
-            .collect();
-        add(
-            Rule::NodeAffinityViolated,
-            format!(
-                "{who} no longer fits node {}: its nodeSelector needs {}; {}",
-                node.name,
-                failing.join(", "),
-                pod.remedy()
-            ),
-            json!({ "nodeSelector": pod.node_selector }),
-            json!({"node": node.name, "labels": values_of(pod.node_selector.keys().map(String::as_str), node)}),
-        );
-    }
-    let mut still_holding: Vec<&str> = if selector_ok {
-        pod.node_selector.keys().map(String::as_str).collect()
-    } else {
-        Vec::new()
-    };
-    if let Some(terms) = &pod.required {
-        let keys: Vec<&str> = terms.iter().flat_map(Term::keys).collect();
-        let expected = json!({ "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": terms } });
-        if terms.iter().any(|t| t.matches(node)) {
-            still_holding.extend(keys);
-        } else {
-            let why: Vec<String> = if terms.is_empty() {
-                vec!["the pod has no term, which matches no node".into()]
-            } else {
-                terms
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| format!("term {i}: {}", t.first_failure(node)))
-                    .collect()
-            };
-            add(
-                Rule::NodeAffinityViolated,
-                format!(
-                    "{who} no longer fits node {}: no term of its required node affinity \
-                     matches ({}); {}",
-                    node.name,
-                    why.join("; "),
-                    pod.remedy()
-                ),
-                expected,
-                json!({"node": node.name, "labels": values_of(keys, node)}),
-            );
-        }
-    }
-    let Some(then) = baseline else {
-        return;
-    };
-    let moved = changed(still_holding, then, node);
-    if !moved.is_empty() {
-        let mut expected = Map::new();
-        if !pod.node_selector.is_empty() {
-            expected.insert("nodeSelector".into(), json!(pod.node_selector));
-        }
-        if let Some(terms) = &pod.required {
-            expected.insert(
-                "requiredDuringSchedulingIgnoredDuringExecution".into(),
-                json!({ "nodeSelectorTerms": terms }),
-            );
-        }
-        expected.insert("labels".into(), values_of(moved.iter().copied(), then));
-        add(
-            Rule::NodeLabelsChanged,
-            format!(
-                "labels of node {} that {who} requires changed since its first create ({}), \
-                 and its requirement still holds; the next change may not keep it",
-                node.name,
-                moved
-                    .iter()
-                    .map(|k| format!("{k}: {} -> {}", label_text(then, k), label_text(node, k)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Value::Object(expected),
-            json!({"node": node.name, "labels": values_of(moved.iter().copied(), node)}),
-        );
-    }
-    for (i, p) in pod.preferred.iter().enumerate() {
-        let keys: Vec<&str> = p.preference.keys().collect();
-        let (was, is) = (p.preference.matches(then), p.preference.matches(node));
-        let moved = changed(keys.iter().copied(), then, node);
-        let message = match (was, is) {
-            (true, false) => format!(
-                "preferred term {i} (weight {}) of {who} matched node {} at the pod's first \
-                 create and no longer does ({}); the scheduler would now rank the node lower",
-                p.weight,
-                node.name,
-                p.preference.first_failure(node)
-            ),
-            (_, true) if !moved.is_empty() => format!(
-                "labels of node {} that preferred term {i} (weight {}) of {who} names changed \
-                 since its first create ({}), and the term still matches",
-                node.name,
-                p.weight,
-                moved.join(", ")
-            ),
-            _ => continue,
-        };
-        add(
-            Rule::NodeLabelsChanged,
-            message,
-            json!({
-                "preferredDuringSchedulingIgnoredDuringExecution": [p],
-                "labels": values_of(keys.iter().copied(), then),
-            }),
-            json!({"node": node.name, "labels": values_of(keys.iter().copied(), node)}),
-        );
-    }
-}
-
-fn label_text(node: &NodeLabels, key: &str) -> String {
+pub(crate) fn label_text(node: &NodeLabels, key: &str) -> String {
     node.labels
         .get(key)
         .map_or_else(|| "absent".into(), |v| format!("{v:?}"))
 }
 
-/// The `node-labels-unavailable` finding: the node's labels or the pod could not be read
-/// (`reason` says why), so its affinity went unchecked for this request.
-pub fn unavailable(reason: &str, policy: Policy, fail_closed: bool) -> Option<Finding> {
-    let mut found = None;
-    NodeView::Unavailable {
-        reason: reason.to_string(),
-    }
-    .findings(&mut |rule, message, expected, observed| {
-        found = severity(rule, policy, fail_closed).map(|severity| Finding {
-            rule,
-            severity,
-            message,
-            expected,
-            observed,
-        });
-    });
-    found
-}
-
 mod label;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
