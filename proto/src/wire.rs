@@ -29,18 +29,27 @@ pub const TASK_V2: &str = "containerd.task.v2.Task";
 /// Task API v3.
 pub const TASK_V3: &str = "containerd.task.v3.Task";
 
-/// gRPC status codes used by the wrapper.
+/// gRPC status codes used by the wrapper (and the integration tests' remote hypervisor
+/// service, which answers Kata's shim on this framing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
 pub enum Code {
     /// The request is malformed.
     InvalidArgument = 3,
+    /// The request's deadline passed before it was done.
+    DeadlineExceeded = 4,
+    /// What the request names does not exist.
+    NotFound = 5,
+    /// What the request creates exists already.
+    AlreadyExists = 6,
     /// A message over [`MAX_FRAME`].
     ResourceExhausted = 8,
     /// The system is not in a state that allows the request.
     FailedPrecondition = 9,
     /// The server has no such service or method.
     Unimplemented = 12,
+    /// A failure of the server itself.
+    Internal = 13,
     /// The delegate cannot be reached.
     Unavailable = 14,
 }
