@@ -20,6 +20,31 @@ pub struct Cri {
     vfio_node: PathBuf,
 }
 
+/// A container to create: its name, resources, annotations and restart count.
+#[derive(Debug, Clone)]
+pub struct Container<'a> {
+    /// The CRI container name.
+    pub name: &'a str,
+    pub resources: &'a Resources,
+    /// The container's own annotations (they reach the OCI spec when the runtime handler
+    /// allow-lists them with `container_annotations`).
+    pub annotations: &'a [(String, String)],
+    /// The restart count (`attempt` in CRI's metadata).
+    pub attempt: u32,
+}
+
+impl<'a> Container<'a> {
+    /// A first start, without annotations.
+    pub fn new(name: &'a str, resources: &'a Resources) -> Self {
+        Self {
+            name,
+            resources,
+            annotations: &[],
+            attempt: 0,
+        }
+    }
+}
+
 /// A container's resources as the kubelet sends them in `CreateContainer` and `UpdateContainerResources`.
 #[derive(Debug, Clone, Default)]
 pub struct Resources {
@@ -185,6 +210,19 @@ impl Cri {
         res: &Resources,
         vfio: bool,
     ) -> Result<String, tonic::Status> {
+        self.create_container_as(pod, config, &Container::new(name, res), vfio)
+    }
+
+    /// `CreateContainer` of a sleeping busybox with the container's own annotations and
+    /// restart count.
+    pub fn create_container_as(
+        &mut self,
+        pod: &str,
+        config: &cri::PodSandboxConfig,
+        container: &Container<'_>,
+        vfio: bool,
+    ) -> Result<String, tonic::Status> {
+        let (name, res) = (container.name, container.resources);
         let devices = if vfio {
             vec![cri::Device {
                 container_path: vfio_container_path(&self.vfio_node),
@@ -199,8 +237,13 @@ impl Cri {
             config: Some(cri::ContainerConfig {
                 metadata: Some(cri::ContainerMetadata {
                     name: name.to_string(),
-                    attempt: 0,
+                    attempt: container.attempt,
                 }),
+                annotations: container
+                    .annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 image: Some(cri::ImageSpec {
                     image: BUSYBOX.to_string(),
                     ..Default::default()
@@ -320,6 +363,43 @@ impl Cri {
                     .map(|v| v.trim().to_string())
             })
             .expect("Cpus_allowed_list")
+    }
+
+    /// `ExecSync`: runs `cmd` in the container; its exit code, stdout and stderr.
+    pub fn exec_sync(
+        &mut self,
+        id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<(i32, Vec<u8>, Vec<u8>), tonic::Status> {
+        let req = cri::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd: cmd.to_vec(),
+            timeout: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+        };
+        let mut client = self.client.clone();
+        self.rt
+            .block_on(async move { client.exec_sync(req).await })
+            .map(|r| {
+                let r = r.into_inner();
+                (r.exit_code, r.stdout, r.stderr)
+            })
+    }
+
+    /// `PodSandboxStatus`: whether the sandbox is ready.
+    pub fn pod_ready(&mut self, id: &str) -> Result<bool, tonic::Status> {
+        let req = cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_string(),
+            verbose: false,
+        };
+        let mut client = self.client.clone();
+        self.rt
+            .block_on(async move { client.pod_sandbox_status(req).await })
+            .map(|r| {
+                r.into_inner()
+                    .status
+                    .is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
+            })
     }
 
     /// Stops and removes a container.

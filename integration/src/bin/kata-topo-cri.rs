@@ -5,8 +5,12 @@
 //! ```text
 //! kata-topo-cri --endpoint SOCK run-pod NAME [--handler H] [--annotation K=V]...
 //! kata-topo-cri --endpoint SOCK start POD NAME --cpus C [--quota Q] [--memory BYTES] [--vfio NODE]
+//!                                  [--annotation K=V]... [--attempt N]
 //! kata-topo-cri --endpoint SOCK update ID --cpus C [--quota Q] [--memory BYTES]
 //! kata-topo-cri --endpoint SOCK status ID          # prints "STATE CPUS"
+//! kata-topo-cri --endpoint SOCK info ID            # containerd's verbose container info (JSON)
+//! kata-topo-cri --endpoint SOCK pod-ready POD      # prints READY or NOT_READY
+//! kata-topo-cri --endpoint SOCK exec ID -- CMD...  # ExecSync: CMD's stdout, exit with its code
 //! kata-topo-cri --endpoint SOCK remove-container ID | remove-pod POD
 //! ```
 //! Pod configurations are kept in `$KT_CRI_DIR` (default `/tmp/kata-topo-cri`), since creating
@@ -16,7 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use kata_topo_integration::{Cri, Resources, RUNNING};
+use kata_topo_integration::{Container, Cri, Resources, RUNNING};
 
 fn usage(why: &str) -> ExitCode {
     eprintln!("kata-topo-cri: {why} (see the comment at the top of kata-topo-cri.rs)");
@@ -50,6 +54,16 @@ fn res(args: &[String]) -> Resources {
     }
 }
 
+fn pairs(args: &[String], name: &str) -> Vec<(String, String)> {
+    flags(args, name)
+        .iter()
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
 fn refused(status: &tonic::Status) -> ExitCode {
     eprintln!("{:?}: {}", status.code(), status.message());
     ExitCode::from(1)
@@ -65,6 +79,11 @@ fn main() -> ExitCode {
     if std::fs::create_dir_all(&store).is_err() {
         return usage("cannot create $KT_CRI_DIR");
     }
+    // Everything after `--` is the command of `exec`, never a flag of ours.
+    let (argv, command_line) = match argv.iter().position(|a| a == "--") {
+        Some(i) => (argv[..i].to_vec(), argv[i + 1..].to_vec()),
+        None => (argv.clone(), Vec::new()),
+    };
     let rest: Vec<String> = argv
         .iter()
         .enumerate()
@@ -86,13 +105,7 @@ fn main() -> ExitCode {
             let Some(name) = rest.get(1) else {
                 return usage("run-pod NAME");
             };
-            let annotations: Vec<(String, String)> = flags(&rest, "--annotation")
-                .iter()
-                .filter_map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                })
-                .collect();
+            let annotations = pairs(&rest, "--annotation");
             let pairs: Vec<(&str, &str)> = annotations
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -121,7 +134,18 @@ fn main() -> ExitCode {
             else {
                 return usage("unknown pod (run it with this tool first)");
             };
-            match cri.start_container(pod, &config, name, &res(&rest), vfio.is_some()) {
+            let Ok(attempt) = flag(&rest, "--attempt").map_or(Ok(0), |a| a.parse::<u32>()) else {
+                return usage("--attempt N");
+            };
+            let (resources, annotations) = (res(&rest), pairs(&rest, "--annotation"));
+            let container = Container {
+                name,
+                resources: &resources,
+                annotations: &annotations,
+                attempt,
+            };
+            let created = cri.create_container_as(pod, &config, &container, vfio.is_some());
+            match created.and_then(|id| cri.start(&id).map(|()| id)) {
                 Ok(id) => {
                     println!("{id}");
                     ExitCode::SUCCESS
@@ -151,6 +175,43 @@ fn main() -> ExitCode {
             };
             println!("{} {cpus}", if running { "RUNNING" } else { "NOT_RUNNING" });
             ExitCode::SUCCESS
+        }
+        "info" => {
+            let Some(id) = rest.get(1) else {
+                return usage("info ID");
+            };
+            let (state, info) = cri.status(id);
+            println!("{}", serde_json::json!({"state": state, "info": info}));
+            ExitCode::SUCCESS
+        }
+        "pod-ready" => {
+            let Some(pod) = rest.get(1) else {
+                return usage("pod-ready POD");
+            };
+            match cri.pod_ready(pod) {
+                Ok(ready) => {
+                    println!("{}", if ready { "READY" } else { "NOT_READY" });
+                    ExitCode::SUCCESS
+                }
+                Err(s) => refused(&s),
+            }
+        }
+        "exec" => {
+            let Some(id) = rest.get(1) else {
+                return usage("exec ID -- CMD...");
+            };
+            if command_line.is_empty() {
+                return usage("exec ID -- CMD...");
+            }
+            match cri.exec_sync(id, &command_line, std::time::Duration::from_secs(60)) {
+                Ok((code, stdout, stderr)) => {
+                    use std::io::Write;
+                    let _ = std::io::stdout().write_all(&stdout);
+                    let _ = std::io::stderr().write_all(&stderr);
+                    ExitCode::from(code.clamp(0, 255) as u8)
+                }
+                Err(s) => refused(&s),
+            }
         }
         "remove-container" => match rest.get(1) {
             Some(id) => {
