@@ -2,6 +2,8 @@
 # Shared by the guests of make vm-test and make k8s-test (sourced by their guest.sh): the
 # guest's paths, the console lines, PID 1's hand-over, the results file, the wrapper's log,
 # the cgroup and VFIO set-up, and the leftovers check. The sourcing script sets STEPS first.
+# make kata-test's guest and its host-side steps (integration/kata-test/) source it too; the
+# steps, on the host, set the paths to the host's after sourcing.
 # shellcheck disable=SC2154,SC2034 # STEPS is the sourcing script's; these are its to use
 set -euo pipefail
 
@@ -111,6 +113,19 @@ setup_vfio() {
       numa_node: ($numa | tonumber), iommu_group_devices: ($iommu | split(" "))}' \
     > "${results}/vfio.json"
   say "${nic} (numa_node $(cat "${d}/numa_node")): ${before} -> ${after}, /dev/vfio/${group}"
+}
+
+# --- processes ---------------------------------------------------------------------------------
+# Ends a child: TERM, KILL after ten seconds, reaped.
+stop_pid() { # PID
+  [ -n "$1" ] || return 0
+  kill -TERM "$1" 2> /dev/null || return 0
+  for _ in $(seq 1 100); do
+    kill -0 "$1" 2> /dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$1" 2> /dev/null || true
+  wait "$1" 2> /dev/null || true
 }
 
 # --- nothing left ----------------------------------------------------------------------
