@@ -52,6 +52,7 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-devi
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record \
+	kata kata-test \
 	installer-image \
 	promtool bench soak fuzz \
 	demo demo-cli demo-containerd2 containerd2 bootstrap-fixtures install uninstall vagrant-test \
@@ -83,6 +84,7 @@ help:
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test - the vm-test guest as a real Kubernetes node: every update from the kubelet (in make test)"
 	@echo "make k8s-record - the real kubelet's PodResources answers under every Topology Manager policy and scope, kept as test fixtures"
+	@echo "make kata-test - real Kata (shim and agent) behind the wrapper, through Kata's remote hypervisor, in the vm-test guest (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
 
 # Installs only what is missing, after one apt-get update; the only target that installs
@@ -225,6 +227,45 @@ k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2
 	echo "== make k8s-test took $$(( $$(date +%s) - start )) s"; \
 	echo "k8s-test: $$passed/$$total steps pass"; [ $$rc = 0 ] && [ $$passed = $$total ] && [ $$total -gt 0 ]
 
+# Kata Containers 4.1 (beside the checkout: its shim, agent and configuration-remote.toml, built
+# from Kata's sources; see the README there), unpacked under target/kata/ and checked against
+# integration/kata-test/kata.sha256.
+KATA_ARTIFACTS ?= ../shared/kata
+KATA_DIR := target/kata
+kata: $(KATA_DIR)/.checked
+
+$(KATA_DIR)/.checked: integration/kata-test/kata.sha256 $(KATA_ARTIFACTS)/containerd-shim-kata-v2.xz \
+		$(KATA_ARTIFACTS)/kata-agent.xz $(KATA_ARTIFACTS)/configuration-remote.toml
+	@mkdir -p $(KATA_DIR)
+	for f in containerd-shim-kata-v2 kata-agent; do \
+	  xz -dc $(KATA_ARTIFACTS)/$$f.xz > $(KATA_DIR)/$$f.tmp && chmod 0755 $(KATA_DIR)/$$f.tmp && \
+	  mv $(KATA_DIR)/$$f.tmp $(KATA_DIR)/$$f || exit 1; \
+	done
+	install -m 0644 $(KATA_ARTIFACTS)/configuration-remote.toml $(KATA_DIR)/configuration-remote.toml
+	cd $(KATA_DIR) && sha256sum --quiet -c $(CURDIR)/integration/kata-test/kata.sha256
+	@touch $@
+
+# Real Kata behind the wrapper (integration/kata-test/): containerd on this host, the wrapper
+# delegating to containerd-shim-kata-v2 with configuration-remote.toml, Kata's remote
+# hypervisor served by kata-topo-remote-hypervisor, which boots the vm-test guest for each pod
+# with the real kata-agent inside; every step through CRI. Two legs, as make k8s-test: Debian's
+# containerd 1.6 (target/kata-test/report.json), then 2.3.4 (target/kata-test-containerd2/);
+# each within KT_VM_TIMEOUT (default 540 s). The last lines name what was not run and count both.
+kata-test: deps build-all kata $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2)
+	@$(TIMED) start=$$(date +%s); rc=0; passed=0; total=0; \
+	legs="kata-test:"; [ -x $(CONTAINERD2_BIN)/containerd ] && legs="$$legs kata-test-containerd2:$(CURDIR)/$(CONTAINERD2_BIN)"; \
+	for leg in $$legs; do \
+	  name=$${leg%%:*}; cbin=$${leg#*:}; \
+	  timed "$$name" "KT_KATA_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-540} \
+	    bash integration/vm-test/run.sh kata-test" || rc=1; \
+	  jq -r '.not_run[]? | "NOT RUN: \(.name) (\(.reason))"' target/$$name/report.json 2> /dev/null; \
+	  passed=$$(( passed + $$(jq -r '.passed // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
+	  total=$$(( total + $$(jq -r '.total // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
+	done; \
+	[ -x $(CONTAINERD2_BIN)/containerd ] || echo "NOT RUN: kata-test with containerd 2.3.4 (no archive at $(CONTAINERD2_ARCHIVE))"; \
+	echo "== make kata-test took $$(( $$(date +%s) - start )) s"; \
+	echo "kata-test: $$passed/$$total steps pass"; [ $$rc = 0 ] && [ $$passed = $$total ] && [ $$total -gt 0 ]
+
 # The real kubelet's PodResources answers under every Topology Manager policy and scope, with
 # and without a device (integration/k8s-record/guest.sh), copied into
 # core/tests/fixtures/pod-resources/kubelet-VERSION/ for the unit tests. Not in make test: it
@@ -241,7 +282,7 @@ k8s-record: deps build-all k8s
 	echo "k8s-record: $$(ls $(K8S_RECORDINGS)/kubelet-$$v | wc -l) files in $(K8S_RECORDINGS)/kubelet-$$v"
 
 # deps once, then each leg in this order.
-test: deps lint alerts-test unit integration vm-test k8s-test
+test: deps lint alerts-test unit integration vm-test k8s-test kata-test
 
 # The wrapper benchmark runs once per containerd the integration tests use: Debian's, then
 # containerd 2.3.4 from its archive (when it is there), then each directory of
