@@ -37,10 +37,7 @@ scenario_not_covered="the VM view (NOT RUN: see not_run); VFIO devices in a Kata
 
 scenario_run() { # ACCEL SECONDS SERIAL APPEND
   local machine=${tmp}/machine.args rc=0 lock=/run/lock/kata-topo-integration.lock
-  # no_timer_check: on a loaded host an emulated guest's timer may miss the kernel's early
-  # check through the remapped IO-APIC ("timer doesn't work through Interrupt-remapped
-  # IO-APIC", a panic); each pod boots a guest, so the check is skipped.
-  qemu_args "$1" "$3" "$4 no_timer_check" > "${machine}"
+  qemu_args "$1" "$3" "$4" > "${machine}"
   if ! flock -n "${lock}" true 2> /dev/null; then
     say "waiting for the integration lock (${lock}): another private containerd runs"
   fi
