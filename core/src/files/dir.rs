@@ -16,12 +16,12 @@ use rustix::fs::{Mode, OFlags};
 /// An open directory.
 #[derive(Debug)]
 pub struct Dir {
-    fd: OwnedFd,
-    path: PathBuf,
+    pub(super) fd: OwnedFd,
+    pub(super) path: PathBuf,
 }
 
 /// A name inside a directory: one component, not `.` or `..`.
-fn check_name(name: &str) -> io::Result<()> {
+pub(super) fn check_name(name: &str) -> io::Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -32,7 +32,7 @@ fn check_name(name: &str) -> io::Result<()> {
 }
 
 /// A name nobody can guess ahead of time.
-fn random_suffix() -> u64 {
+pub(super) fn random_suffix() -> u64 {
     // std seeds every RandomState from the OS's randomness.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -269,7 +269,7 @@ impl Dir {
 #[error("{0}")]
 pub struct Untrusted(String);
 
-fn untrusted(why: String) -> io::Error {
+pub(super) fn untrusted(why: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, Untrusted(why))
 }
 
