@@ -61,7 +61,28 @@ impl Reply {
     }
 }
 
-type Handler = dyn Fn(&str) -> Reply + Send + Sync;
+type Handler = dyn Fn(&str, &[u8]) -> Reply + Send + Sync;
+
+/// One request the fake read: its request line, headers and body.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    /// `POST /api/v1/... HTTP/1.1`.
+    pub line: String,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body (as long as its `Content-Length`).
+    pub body: Vec<u8>,
+}
+
+impl Exchange {
+    /// The value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+}
 
 /// The TCP stream under the fake's TLS: writes go out one byte at a time, `every` apart, while
 /// `trickling` is set.
@@ -100,7 +121,7 @@ pub struct FakeApiServer {
     dir: tempfile::TempDir,
     port: u16,
     stop: Arc<AtomicBool>,
-    requests: Arc<Mutex<Vec<String>>>,
+    requests: Arc<Mutex<Vec<Exchange>>>,
     connections: Arc<AtomicUsize>,
     ca_pem: String,
 }
@@ -120,6 +141,13 @@ impl FakeApiServer {
     /// Starts a fake that answers each request (`GET /path` as its request line gives it)
     /// with what `handler` says; a request without the kubeconfig's token gets 401.
     pub fn start(handler: impl Fn(&str) -> Reply + Send + Sync + 'static) -> Self {
+        Self::start_with(None, move |line, _| handler(line))
+    }
+
+    /// Starts a fake whose `handler` also sees each request's body (a write's JSON).
+    pub fn start_with_bodies(
+        handler: impl Fn(&str, &[u8]) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         Self::start_with(None, handler)
     }
 
@@ -129,12 +157,12 @@ impl FakeApiServer {
         every: Duration,
         handler: impl Fn(&str) -> Reply + Send + Sync + 'static,
     ) -> Self {
-        Self::start_with(Some(every), handler)
+        Self::start_with(Some(every), move |line, _| handler(line))
     }
 
     fn start_with(
         handshake_trickle: Option<Duration>,
-        handler: impl Fn(&str) -> Reply + Send + Sync + 'static,
+        handler: impl Fn(&str, &[u8]) -> Reply + Send + Sync + 'static,
     ) -> Self {
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
@@ -247,6 +275,11 @@ impl FakeApiServer {
 
     /// The request lines served so far.
     pub fn requests(&self) -> Vec<String> {
+        self.exchanges().into_iter().map(|e| e.line).collect()
+    }
+
+    /// The requests served so far, whole.
+    pub fn exchanges(&self) -> Vec<Exchange> {
         self.requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -284,7 +317,7 @@ fn serve(
     config: Arc<rustls::ServerConfig>,
     handshake_trickle: Option<Duration>,
     handler: &Handler,
-    requests: &Mutex<Vec<String>>,
+    requests: &Mutex<Vec<Exchange>>,
     stop: &Arc<AtomicBool>,
 ) {
     if stop.load(Ordering::SeqCst) {
@@ -317,17 +350,45 @@ fn serve(
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     }
-    let text = String::from_utf8_lossy(&head).into_owned();
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(head.len(), |i| i + 4);
+    let text = String::from_utf8_lossy(&head[..end]).into_owned();
     let line = text.lines().next().unwrap_or_default().to_string();
+    let headers: Vec<(String, String)> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(16 << 20);
+    let mut body = head[end..].to_vec();
+    while body.len() < length {
+        match tls.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+        }
+    }
+    body.truncate(length);
     requests
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push(line.clone());
+        .push(Exchange {
+            line: line.clone(),
+            headers,
+            body: body.clone(),
+        });
     let authorised = text
         .lines()
         .any(|l| l.eq_ignore_ascii_case(&format!("authorization: bearer {TOKEN}")));
     let reply = if authorised {
-        handler(&line)
+        handler(&line, &body)
     } else {
         Reply::status(401, "Unauthorized")
     };

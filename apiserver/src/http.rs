@@ -1,4 +1,4 @@
-//! One HTTPS GET, HTTP/1.1 over rustls on a blocking TCP socket, every step under one
+//! One HTTPS exchange (a GET, or a write with a JSON body), HTTP/1.1 over rustls on a blocking TCP socket, every step under one
 //! deadline: the name lookup (on a helper thread, when the server is named rather than an
 //! address), the connect, the TLS handshake, the request and each read of the answer. Every
 //! read and write on the socket, the handshake's included, may wait only for what is left of
@@ -144,12 +144,22 @@ fn connect(addrs: &[SocketAddr], deadline: Instant, ms: u64) -> Result<TcpStream
     )))
 }
 
-/// GETs `path` (with its query) and returns the body of a 200 answer; any other status is
-/// [`ApiError::Status`] with the API server's message.
-pub(crate) fn get(
+/// A request's body: its content type and bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Body<'a> {
+    pub(crate) content_type: &'a str,
+    pub(crate) bytes: &'a [u8],
+}
+
+/// Sends `method` on `path` (with its query) with `body`, if any (a POST or PATCH), and
+/// returns the body of a 2xx answer; any other status is [`ApiError::Status`] with the API
+/// server's message.
+pub(crate) fn request(
     target: &Target<'_>,
+    method: &str,
     path: &str,
     accept: &str,
+    body: Option<Body<'_>>,
     deadline: Instant,
     ms: u64,
 ) -> Result<Vec<u8>, ApiError> {
@@ -172,15 +182,26 @@ pub(crate) fn get(
         format!("{}:{}", target.host, target.port)
     };
     let mut request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept: {accept}\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {host_header}\r\nAccept: {accept}\r\n\
          User-Agent: kata-topo/{}\r\nConnection: close\r\n",
         env!("CARGO_PKG_VERSION")
     );
     if let Some(t) = target.token {
         request.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
+    if let Some(b) = &body {
+        request.push_str(&format!(
+            "Content-Type: {}\r\nContent-Length: {}\r\n",
+            b.content_type,
+            b.bytes.len()
+        ));
+    }
     request.push_str("\r\n");
-    tls.write_all(request.as_bytes())
+    let mut request = request.into_bytes();
+    if let Some(b) = &body {
+        request.extend_from_slice(b.bytes);
+    }
+    tls.write_all(&request)
         .and_then(|()| tls.flush())
         .map_err(|e| io_err(e, "the request could not be sent", deadline, ms))?;
     let mut answer: Vec<u8> = Vec::with_capacity(16 << 10);
@@ -370,7 +391,7 @@ fn finish(answer: &[u8], body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
     let Some(h) = head(answer)? else {
         return Err(ApiError::Garbage("no answer".into()));
     };
-    if h.status == 200 {
+    if (200..300).contains(&h.status) {
         return Ok(body);
     }
     // The API server's `Status` object says why.

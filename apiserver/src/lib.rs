@@ -30,6 +30,7 @@
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod http;
+pub mod installer;
 pub mod kubeconfig;
 
 use std::path::{Path, PathBuf};
@@ -306,8 +307,21 @@ impl ApiClient {
     }
 
     fn get(&self, path: &str, accept: &str, deadline: Instant) -> Result<Vec<u8>, ApiError> {
+        self.send("GET", path, accept, None, deadline)
+    }
+
+    /// One request (a GET, or a write with a body) within `deadline`, with the credentials
+    /// read again and the request sent once more after a 401.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        accept: &str,
+        body: Option<http::Body<'_>>,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, ApiError> {
         let loaded = self.current()?;
-        match self.get_as(&loaded, path, accept, deadline) {
+        match self.send_as(&loaded, method, path, accept, body, deadline) {
             // Rotated or revoked credentials: read them again, and ask again with new ones.
             Err(e @ ApiError::Status { code: 401, .. }) => {
                 let Some(file) = &self.path else {
@@ -315,7 +329,7 @@ impl ApiClient {
                 };
                 let fresh = self.reload(file)?;
                 if fresh.kubeconfig.credentials_differ(&loaded.kubeconfig) {
-                    self.get_as(&fresh, path, accept, deadline)
+                    self.send_as(&fresh, method, path, accept, body, deadline)
                 } else {
                     Err(e)
                 }
@@ -324,11 +338,13 @@ impl ApiClient {
         }
     }
 
-    fn get_as(
+    fn send_as(
         &self,
         loaded: &Loaded,
+        method: &str,
         path: &str,
         accept: &str,
+        body: Option<http::Body<'_>>,
         deadline: Instant,
     ) -> Result<Vec<u8>, ApiError> {
         let kc = &loaded.kubeconfig;
@@ -340,10 +356,12 @@ impl ApiClient {
             token: kc.token.as_deref(),
         };
         let ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        http::get(
+        http::request(
             &target,
+            method,
             &format!("{}{path}", kc.prefix),
             accept,
+            body,
             deadline,
             ms,
         )

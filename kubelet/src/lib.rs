@@ -26,7 +26,7 @@
 mod client;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
-mod grpc;
+pub mod grpc;
 
 use std::path::Path;
 
