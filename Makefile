@@ -345,14 +345,14 @@ uninstall:
 	-rmdir -p --ignore-fail-on-non-empty $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(KATA_CONFIG_DIR) \
 	  $(dir $(DESTDIR)$(SHARE_DIR)) 2>/dev/null
 
-# The installer's image (deploy/installer/, docs/installer.md): busybox, make k8s's kubectl, the
-# installer and the release binaries, as target/kata-topo-images/installer-$(INSTALLER_VERSION).tar
+# The installer's image (deploy/installer/, docs/installer.md): kata-topo-installer and the
+# release binaries, stripped, with the libraries they link (no shell, no kubectl), as
+# target/kata-topo-images/installer-$(INSTALLER_VERSION).tar
 # (localhost/kata-topo/installer:$(INSTALLER_VERSION)), for `ctr -n k8s.io images import` on
 # each node. The version is the workspace's unless given.
 INSTALLER_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
-installer-image: deps build-release k8s
-	bash integration/images/build.sh --installer $(INSTALLER_VERSION) target/release \
-	  "$$(bash k8s/build.sh 2> /dev/null | tail -n 1)/kubectl" target/kata-topo-images
+installer-image: deps build-release
+	bash integration/images/build.sh --installer $(INSTALLER_VERSION) target/release target/kata-topo-images
 
 # The end-to-end environment with real Kata (needs Vagrant with libvirt or VirtualBox and
 # nested virtualisation; see vagrant/Vagrantfile).

@@ -167,7 +167,7 @@ scenario_up() {
   : > "${out}/guest/k8s/installer-versions"
   for v in "${version}" "${version}-next"; do
     bash "${workspace}/integration/images/build.sh" --installer "${v}" "${workspace}/target/debug" \
-      "${k8s_bin}/kubectl" "${workspace}/target/kata-topo-images" > /dev/null \
+      "${workspace}/target/kata-topo-images" > /dev/null \
       || die "building the installer's image ${v} failed"
     echo "${v}" >> "${out}/guest/k8s/installer-versions"
   done

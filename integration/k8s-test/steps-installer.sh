@@ -133,7 +133,10 @@ inst_ds_pod() { # DAEMONSET
 inst_pod_ready() { [ "$(k -n kube-system get pod "$1" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ]; }
 inst_pod_running() { [ "$(k -n kube-system get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')" != "" ]; }
 inst_label() { k get node "${node}" -o jsonpath='{.metadata.labels.kata-topo\.io/installed}'; }
-inst_label_is() { [ "$(inst_label)" = "$1" ]; }
+# The installer labels kata-topo.io/installed=true (what the selectors use) and puts the version
+# in kata-topo.io/installed-version.
+inst_version() { k get node "${node}" -o jsonpath='{.metadata.labels.kata-topo\.io/installed-version}'; }
+inst_label_is() { [ "$(inst_label)" = true ] && [ "$(inst_version)" = "$1" ]; }
 inst_image_of() { # FILE: the version the installer's image stamped into the binary
   readelf -p .kata_topo_image "$1" 2> /dev/null | sed -n 's/^ *\[ *0\] *//p' | head -n 1
 }
@@ -245,12 +248,12 @@ step_installer_install() {
   poll 120 inst_pod_running "${inst_plugin}" || true
   poll 120 node_field_is '{.status.allocatable.kata-topo\.io/vfio}' 1 || true
   pid_after=$(cat "${run}/containerd.pid")
-  label=$(inst_label)
+  label=$(inst_version)
   dropin=${run}/containerd.d/${inst_handler}.toml
   major=$(containerd --version | awk '{print $3}' | sed 's/^v//; s/\..*//')
   local want_version=2
   [ "${major}" -ge 2 ] && want_version=3
-  detail="images imported in ${import_s} s; installer pod ${inst_current} ready $(inst_pod_ready "${inst_current}" && echo yes || echo no) after $((t1 - t0)) s; node label kata-topo.io/installed=${label}; /opt/kata-topo/bin: $(find /opt/kata-topo/bin -type f -printf '%f ' 2> /dev/null); shim stamped $(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2); drop-in $(grep -m1 '^version' "${dropin}" 2> /dev/null) for containerd ${major}.x; containerd ${pid_before} -> ${pid_after} (restarted); device plugin pod ${inst_plugin}: kata-topo.io/vfio $(k get node "${node}" -o jsonpath='{.status.allocatable.kata-topo\.io/vfio}'); installer log: $(inst_log "${inst_current}" | tail -n 2 | paste -sd '|' -)"
+  detail="images imported in ${import_s} s; installer pod ${inst_current} ready $(inst_pod_ready "${inst_current}" && echo yes || echo no) after $((t1 - t0)) s; node labels kata-topo.io/installed=$(inst_label), kata-topo.io/installed-version=${label}; /opt/kata-topo/bin: $(find /opt/kata-topo/bin -type f -printf '%f ' 2> /dev/null); shim stamped $(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2); drop-in $(grep -m1 '^version' "${dropin}" 2> /dev/null) for containerd ${major}.x; containerd ${pid_before} -> ${pid_after} (restarted); device plugin pod ${inst_plugin}: kata-topo.io/vfio $(k get node "${node}" -o jsonpath='{.status.allocatable.kata-topo\.io/vfio}'); installer log: $(inst_log "${inst_current}" | tail -n 2 | paste -sd '|' -)"
   if [ "${label}" = "${v1}" ] && inst_pod_ready "${inst_current}" \
     && [ "$(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2)" = "${v1}" ] \
     && grep -qx "version = ${want_version}" "${dropin}" && [ "${pid_before}" != "${pid_after}" ] \
@@ -303,7 +306,7 @@ step_installer_upgrade() {
   inst_follow_log "${old_pod}"
   inst_delete_pods "${old_pod}" "${old_plugin}"
   # Between the two pods the node keeps everything (the hook saw the DaemonSet stay).
-  kept="label $(inst_label), /opt/kata-topo/share/VERSION $(cat /opt/kata-topo/share/VERSION 2> /dev/null || echo gone), handler $([ -f "${run}/containerd.d/${inst_handler}.toml" ] && echo kept || echo gone)"
+  kept="label $(inst_version), /opt/kata-topo/share/VERSION $(cat /opt/kata-topo/share/VERSION 2> /dev/null || echo gone), handler $([ -f "${run}/containerd.d/${inst_handler}.toml" ] && echo kept || echo gone)"
   inst_current=$(inst_ds_pod kata-topo-installer) || true
   poll 300 inst_label_is "${v2}" || true
   poll 120 inst_pod_ready "${inst_current}" || true
@@ -318,7 +321,7 @@ step_installer_upgrade() {
   poll 30 inst_daemon_of kti-app2 || true
   new_daemon=$(inst_daemon_of kti-app2 || true)
   new_exe=$(stat -L -c %i "/proc/${new_daemon:-0}/exe" 2> /dev/null || echo none)
-  detail="label $(inst_label); shim inode ${inode_before} -> ${inode_after}, stamped $(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2); containerd ${pid_before} -> ${pid_after}; kti-app $(ready kti-app && echo ready || echo 'not ready'), its daemon ${inst_daemon:-none}: ${daemon_exe} (inode $(stat -L -c %i "/proc/${inst_daemon:-0}/exe" 2> /dev/null || echo gone)); kti-app2's daemon ${new_daemon:-none} on inode ${new_exe}; after the old pods went: ${kept}; the old pod's hook: $(inst_followed "${old_pod}" | grep -m1 'daemonset' || echo none)"
+  detail="label $(inst_label) $(inst_version); shim inode ${inode_before} -> ${inode_after}, stamped $(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2); containerd ${pid_before} -> ${pid_after}; kti-app $(ready kti-app && echo ready || echo 'not ready'), its daemon ${inst_daemon:-none}: ${daemon_exe} (inode $(stat -L -c %i "/proc/${inst_daemon:-0}/exe" 2> /dev/null || echo gone)); kti-app2's daemon ${new_daemon:-none} on inode ${new_exe}; after the old pods went: ${kept}; the old pod's hook: $(inst_followed "${old_pod}" | grep -m1 'daemonset' || echo none)"
   if inst_label_is "${v2}" && [ "${inode_after}" != "${inode_before}" ] \
     && [ "$(inst_image_of /opt/kata-topo/bin/containerd-shim-kata-topo-v2)" = "${v2}" ] \
     && [ "${pid_before}" = "${pid_after}" ] && ready kti-app \

@@ -34,6 +34,7 @@ pub use discovery::{require_root, ContainerdBin};
 pub use events::EventsWatcher;
 pub use kata_topo_core::testutil::GPU;
 pub use layout::RECORDED_CONFIG_PATH;
+pub use lock::MachineLock;
 pub use vmm::{CloudHypervisor, Guest, Qemu, QemuOpts};
 
 /// Whether a process is alive (not gone, not a zombie).

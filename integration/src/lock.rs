@@ -7,12 +7,13 @@ use std::path::Path;
 /// processes, a benchmark beside a test run) would see each other's. Each takes this lock
 /// for its whole life, so they run one after another whoever started them.
 #[derive(Debug)]
-pub(crate) struct MachineLock(std::fs::File);
+pub struct MachineLock(std::fs::File);
 
 impl MachineLock {
     const PATH: &'static str = "/run/lock/kata-topo-integration.lock";
 
-    pub(crate) fn take() -> Self {
+    /// Takes the lock, waiting for another holder to let it go.
+    pub fn take() -> Self {
         let dir = Path::new(Self::PATH).parent().expect("lock dir");
         std::fs::create_dir_all(dir).expect("lock dir");
         let file = std::fs::OpenOptions::new()
