@@ -209,27 +209,43 @@ impl Plugin {
                     id: id.chars().take(64).collect(),
                     resource: self.inner.resource.to_string(),
                 })?;
-                let bdf = entry.device.bdf;
-                let now = self
-                    .inner
-                    .sysfs
-                    .device(bdf)
-                    .map_err(|source| AllocateError::Sysfs {
-                        id: bdf.to_string(),
-                        source,
-                    })?
-                    .ok_or_else(|| AllocateError::Gone(bdf.to_string()))?;
-                let group = match (&now.driver, now.iommu_group) {
-                    (Some(d), Some(group)) if d == "vfio-pci" => group,
-                    (driver, _) => {
-                        return Err(AllocateError::NotBound {
+                // The unit and every other function of its group, each still bound to
+                // vfio-pci and still in one group.
+                let mut group = None;
+                let functions = entry.device.functions.iter().map(|f| f.bdf);
+                for bdf in std::iter::once(entry.device.bdf).chain(functions) {
+                    let now = self
+                        .inner
+                        .sysfs
+                        .device(bdf)
+                        .map_err(|source| AllocateError::Sysfs {
                             id: bdf.to_string(),
-                            driver: driver.clone().unwrap_or_else(|| "none".into()),
-                        })
+                            source,
+                        })?
+                        .ok_or_else(|| AllocateError::Gone(bdf.to_string()))?;
+                    match (&now.driver, now.iommu_group) {
+                        (Some(d), Some(g))
+                            if d == "vfio-pci"
+                                && group.as_ref().is_none_or(|first| *first == g) =>
+                        {
+                            group = Some(g)
+                        }
+                        (Some(d), Some(g)) if d == "vfio-pci" => {
+                            return Err(AllocateError::NotBound {
+                                id: bdf.to_string(),
+                                driver: format!("vfio-pci in another IOMMU group ({g})"),
+                            })
+                        }
+                        (driver, _) => {
+                            return Err(AllocateError::NotBound {
+                                id: bdf.to_string(),
+                                driver: driver.clone().unwrap_or_else(|| "none".into()),
+                            })
+                        }
                     }
-                };
+                }
                 devices.push(VfioDevice {
-                    iommu_group: group,
+                    iommu_group: group.unwrap_or_default(),
                     ..entry.device.clone()
                 });
             }
@@ -358,6 +374,7 @@ mod tests {
             iommu_group: group.into(),
             iommufd: None,
             pci_id: None,
+            functions: Vec::new(),
         }
     }
 
@@ -374,8 +391,15 @@ mod tests {
         let tree = SysfsTree::at(dir.path().join("sys")).expect("tree");
         tree.add_device(bdf("0000:80:00.0"), 1, Some("vfio-pci"), Some("42"))
             .expect("add");
-        tree.add_device(bdf("0000:80:00.1"), 1, Some("vfio-pci"), Some("42"))
+        tree.add_device(bdf("0000:80:00.1"), 1, Some("vfio-pci"), Some("44"))
             .expect("add");
+        // Two functions of one IOMMU group: one unit, 0000:81:00.0.
+        tree.add_device(bdf("0000:81:00.0"), 1, Some("vfio-pci"), Some("43"))
+            .expect("add");
+        tree.add_device(bdf("0000:81:00.1"), 1, Some("vfio-pci"), Some("43"))
+            .expect("add");
+        tree.add_iommufd("vfio5", bdf("0000:81:00.1"))
+            .expect("iommufd");
         tree.add_device(bdf("0000:00:05.0"), 0, Some("vfio-pci"), Some("7"))
             .expect("add");
         tree.add_iommufd("vfio3", bdf("0000:00:05.0"))
@@ -475,14 +499,25 @@ mod tests {
             .allocate(&request(&[
                 &["0000:80:00.0", "0000:80:00.1"],
                 &["0000:00:05.0"],
+                &["0000:81:00.0"],
             ]))
             .expect("allocate");
-        assert_eq!(r.container_responses.len(), 2);
+        assert_eq!(r.container_responses.len(), 3);
         assert_eq!(
             paths(&r.container_responses[0]),
             vec![
                 ("/dev/vfio/vfio", "/dev/vfio/vfio", "rw"),
                 ("/dev/vfio/42", "/dev/vfio/42", "rw"),
+                ("/dev/vfio/44", "/dev/vfio/44", "rw"),
+            ]
+        );
+        // A group of two functions: its group once, and its other function's iommufd device.
+        assert_eq!(
+            paths(&r.container_responses[2]),
+            vec![
+                ("/dev/vfio/vfio", "/dev/vfio/vfio", "rw"),
+                ("/dev/vfio/43", "/dev/vfio/43", "rw"),
+                ("/dev/vfio/devices/vfio5", "/dev/vfio/devices/vfio5", "rw"),
             ]
         );
         assert_eq!(
@@ -500,7 +535,8 @@ mod tests {
     #[test]
     fn each_allocate_error_has_its_own_code_and_names_the_device() {
         let f = fixture();
-        for id in ["0000:99:00.0", "gpu0", "../../etc"] {
+        // The second function of a group is not a unit of its own.
+        for id in ["0000:99:00.0", "gpu0", "../../etc", "0000:81:00.1"] {
             let err = f
                 .plugin
                 .allocate(&request(&[&["0000:80:00.0", id]]))
@@ -510,6 +546,20 @@ mod tests {
             assert!(status.message().contains(id), "{}", status.message());
             assert!(status.message().contains("kata-topo.io/vfio"));
         }
+
+        // The group's other function left vfio-pci since the scan: the unit is refused.
+        f.tree.unbind(bdf("0000:81:00.1")).expect("unbind");
+        let status = Status::from(
+            f.plugin
+                .allocate(&request(&[&["0000:81:00.0"]]))
+                .expect_err("a function unbound"),
+        );
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(
+            status.message().contains("0000:81:00.1"),
+            "{}",
+            status.message()
+        );
 
         f.tree.unbind(bdf("0000:80:00.0")).expect("unbind");
         let status = Status::from(

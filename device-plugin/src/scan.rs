@@ -1,8 +1,18 @@
-//! Which devices the plugin advertises: every PCI device bound to `vfio-pci` that has an IOMMU
-//! group (and, with `--ids`, one of the given vendor:device ids), read through
-//! [`kata_topo_core::Sysfs`] — the same hardened reader the checks use, under the same
-//! configurable root. A device that cannot be read is skipped and reported, never fatal: one
-//! odd device must not take the others off the node.
+//! Which devices the plugin advertises: every IOMMU group whose PCI devices are all bound to
+//! `vfio-pci` (and, with `--ids`, one of them of the given vendor:device ids), one unit per
+//! group, read through [`kata_topo_core::Sysfs`] — the same hardened reader the checks use,
+//! under the same configurable root. A device that cannot be read is skipped and reported,
+//! never fatal: one odd device must not take the others off the node.
+//!
+//! **A group is one unit.** Kata attaches an IOMMU group whole (the container is given
+//! `/dev/vfio/<group>`, and the VM gets every device in it), and VFIO hands a group to one
+//! user at a time: two functions of one group advertised as two units would let the kubelet
+//! give them to two pods, one of which then gets the other's device or fails to start. The
+//! unit's id is the group's first function (by PCI address) that `--ids` takes; the other
+//! functions ride with it (`functions`). A group holding a device not bound to `vfio-pci` (a
+//! function on its host driver, a bridge, one without a driver) is advertised to no pod, and
+//! the scan names those devices: bind them to `vfio-pci` too, or they would be attached to a
+//! VM with their host driver still on them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,6 +38,19 @@ pub struct VfioDevice {
     /// Its vendor:device id, when sysfs has a readable one.
     #[serde(serialize_with = "opt_as_string")]
     pub pci_id: Option<PciId>,
+    /// The other functions of its IOMMU group, given with it (all bound to `vfio-pci`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<Function>,
+}
+
+/// Another function of a unit's IOMMU group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Function {
+    /// Its PCI address.
+    #[serde(rename = "id", serialize_with = "as_string")]
+    pub bdf: Bdf,
+    /// Its iommufd character device (`vfioN`), where the kernel has one.
+    pub iommufd: Option<String>,
 }
 
 fn as_string<S: serde::Serializer>(v: &impl ToString, s: S) -> Result<S::Ok, S::Error> {
@@ -52,7 +75,11 @@ impl VfioDevice {
             if !paths.contains(&group) {
                 paths.push(group);
             }
-            if let Some(dev) = &d.iommufd {
+            for dev in d
+                .iommufd
+                .iter()
+                .chain(d.functions.iter().flat_map(|f| &f.iommufd))
+            {
                 let path = VfioRef::Device(dev.clone()).path();
                 if !iommufd.contains(&path) {
                     iommufd.push(path);
@@ -96,8 +123,8 @@ pub enum ScanError {
     Unfinished(String),
 }
 
-/// Scans sysfs for the devices to advertise: bound to `vfio-pci`, with an IOMMU group, and one
-/// of `ids` when that is not empty.
+/// Scans sysfs for the units to advertise: IOMMU groups whose devices are all bound to
+/// `vfio-pci`, one of them one of `ids` when that is not empty.
 pub fn scan(sysfs: &Sysfs, ids: &[PciId]) -> Result<Scan, ScanError> {
     let names = sysfs
         .list("bus/pci/devices")
@@ -105,6 +132,8 @@ pub fn scan(sysfs: &Sysfs, ids: &[PciId]) -> Result<Scan, ScanError> {
         .ok_or_else(|| ScanError::NoPciBus(sysfs.root().to_path_buf()))?;
     let mut out = Scan::default();
     let iommufd = iommufd_devices(sysfs, &mut out.skipped);
+    // Each device bound to vfio-pci, by its group, and whether `ids` takes it.
+    let mut groups: BTreeMap<String, Vec<(VfioDevice, bool)>> = BTreeMap::new();
     for name in names {
         let skip = |why: String| Skipped {
             device: name.chars().take(64).collect(),
@@ -149,19 +178,91 @@ pub fn scan(sysfs: &Sysfs, ids: &[PciId]) -> Result<Scan, ScanError> {
                 None
             }
         };
-        if !ids.is_empty() && !pci_id.is_some_and(|id| ids.contains(&id)) {
-            continue;
+        let wanted = ids.is_empty() || pci_id.is_some_and(|id| ids.contains(&id));
+        groups.entry(iommu_group.clone()).or_default().push((
+            VfioDevice {
+                bdf,
+                numa_node: state.numa_node.and_then(|n| u32::try_from(n).ok()),
+                iommu_group,
+                iommufd: iommufd.get(&bdf).cloned(),
+                pci_id,
+                functions: Vec::new(),
+            },
+            wanted,
+        ));
+    }
+    for (group, mut members) in groups {
+        if let Some(unit) = unit_of(sysfs, &group, &mut members, &mut out.skipped) {
+            out.devices.push(unit);
         }
-        out.devices.push(VfioDevice {
-            bdf,
-            numa_node: state.numa_node.and_then(|n| u32::try_from(n).ok()),
-            iommu_group,
-            iommufd: iommufd.get(&bdf).cloned(),
-            pci_id,
-        });
     }
     out.devices.sort_by_key(|d| d.bdf);
     Ok(out)
+}
+
+/// The unit advertised for IOMMU group `group`, whose devices bound to `vfio-pci` are
+/// `members` (each with whether `--ids` takes it): none when the group holds another device
+/// (each member is then skipped, naming it) or `--ids` takes none of them.
+fn unit_of(
+    sysfs: &Sysfs,
+    group: &str,
+    members: &mut Vec<(VfioDevice, bool)>,
+    skipped: &mut Vec<Skipped>,
+) -> Option<VfioDevice> {
+    let mut refuse = |members: &[(VfioDevice, bool)], why: String| {
+        for (d, _) in members {
+            skipped.push(Skipped {
+                device: d.bdf.to_string(),
+                why: why.clone(),
+            });
+        }
+    };
+    let all = match sysfs.devices_of(&VfioRef::Group(group.to_string())) {
+        Ok(all) => all,
+        Err(e) => {
+            refuse(
+                members,
+                format!(
+                    "its IOMMU group {group} cannot be listed: {}",
+                    error_chain(&e)
+                ),
+            );
+            return None;
+        }
+    };
+    let others: Vec<String> = all
+        .iter()
+        .filter(|b| !members.iter().any(|(d, _)| d.bdf == **b))
+        .map(|b| match sysfs.device(*b) {
+            Ok(Some(s)) if s.bound_to_vfio() => format!("{b} (vfio-pci, but unreadable)"),
+            Ok(Some(s)) => format!("{b} ({})", s.driver.as_deref().unwrap_or("no driver")),
+            Ok(None) => format!("{b} (gone)"),
+            Err(_) => format!("{b} (unreadable)"),
+        })
+        .collect();
+    if !others.is_empty() {
+        refuse(
+            members,
+            format!(
+                "its IOMMU group {group} also holds {}: Kata attaches a group whole, and not \
+                 all of this one is bound to vfio-pci and readable, so it is given to no pod; \
+                 bind those to vfio-pci too",
+                others.join(", ")
+            ),
+        );
+        return None;
+    }
+    members.sort_by_key(|(d, _)| d.bdf);
+    let first = members.iter().position(|(_, wanted)| *wanted)?;
+    let (mut unit, _) = members.remove(first);
+    unit.functions = members
+        .iter()
+        .map(|(d, _)| Function {
+            bdf: d.bdf,
+            iommufd: d.iommufd.clone(),
+        })
+        .collect();
+    Some(unit)
 }
 
 /// The device's `vendor` and `device` ids (`0x10de`), `None` when sysfs has none.
@@ -268,6 +369,11 @@ mod tests {
         ids(&tree, bdf("0000:00:05.0"), "0x10de", "0x2330");
         add("0000:81:00.0", 1, Some("vfio-pci"), Some("43"));
         add("0000:81:00.1", 1, Some("vfio-pci"), Some("43"));
+        tree.add_iommufd("vfio1", bdf("0000:81:00.1"))
+            .expect("iommufd");
+        // A group whose other function stays on its host driver.
+        add("0000:82:00.0", 0, Some("vfio-pci"), Some("44"));
+        add("0000:82:00.1", 0, Some("ixgbe"), Some("44"));
         add("0000:01:00.0", 0, Some("ixgbe"), Some("3"));
         add("0000:02:00.0", 0, Some("vfio-pci"), None);
         add("0000:03:00.0", 0, None, Some("5"));
@@ -315,9 +421,17 @@ mod tests {
                 ("0000:00:05.0".into(), None, "7", None),
                 ("0000:80:00.0".into(), Some(1), "42", Some("vfio0")),
                 ("0000:81:00.0".into(), Some(1), "43", None),
-                ("0000:81:00.1".into(), Some(1), "43", None),
             ]
         );
+        // The group of two functions is one unit, the second riding with the first.
+        assert_eq!(
+            scan.devices[2].functions,
+            [Function {
+                bdf: bdf("0000:81:00.1"),
+                iommufd: Some("vfio1".into())
+            }]
+        );
+        assert!(scan.devices[..2].iter().all(|d| d.functions.is_empty()));
         assert_eq!(
             scan.devices[1].pci_id,
             Some(PciId {
@@ -326,9 +440,16 @@ mod tests {
             })
         );
         assert_eq!(scan.devices[2].pci_id, None);
-        assert_eq!(scan.skipped.len(), 1, "{:?}", scan.skipped);
+        assert_eq!(scan.skipped.len(), 2, "{:?}", scan.skipped);
         assert_eq!(scan.skipped[0].device, "0000:02:00.0");
         assert!(scan.skipped[0].why.contains("no IOMMU group"));
+        // The group with a function on its host driver: given to no pod, naming it.
+        assert_eq!(scan.skipped[1].device, "0000:82:00.0");
+        assert!(
+            scan.skipped[1].why.contains("0000:82:00.1 (ixgbe)"),
+            "{}",
+            scan.skipped[1].why
+        );
     }
 
     #[test]
@@ -341,6 +462,24 @@ mod tests {
         assert_eq!(got, vec!["0000:00:05.0"]);
         let none = super::scan(&sysfs, &["1234:5678".parse().expect("id")]).expect("scan");
         assert!(none.devices.is_empty());
+        // The id of a group's second function: the group is advertised under that function,
+        // the first riding with it.
+        ids(&tree, bdf("0000:81:00.1"), "0x10de", "0x22ba");
+        let audio = super::scan(&sysfs, &["10de:22ba".parse().expect("id")]).expect("scan");
+        let got: Vec<(String, Vec<String>)> = audio
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.bdf.to_string(),
+                    d.functions.iter().map(|f| f.bdf.to_string()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![("0000:81:00.1".into(), vec!["0000:81:00.0".into()])]
+        );
     }
 
     #[test]
@@ -370,8 +509,9 @@ mod tests {
         let sysfs = Sysfs::new(tree.root());
         let all = scan(&sysfs, &[]).expect("scan");
         let got: Vec<String> = all.devices.iter().map(|d| d.bdf.to_string()).collect();
-        // A vendor id that does not parse only matters when ids filter.
-        assert_eq!(got, vec!["0000:00:05.0", "0000:80:00.0", "0000:81:00.1"]);
+        // A vendor id that does not parse only matters when ids filter; the group of the
+        // unreadable device is given to no pod.
+        assert_eq!(got, vec!["0000:00:05.0", "0000:80:00.0"]);
         let why: Vec<(&str, &str)> = all
             .skipped
             .iter()
@@ -383,6 +523,11 @@ mod tests {
             "{why:?}"
         );
         assert!(why.iter().any(|(d, _)| *d == "not-a-bdf"), "{why:?}");
+        assert!(
+            why.iter()
+                .any(|(d, w)| *d == "0000:81:00.1" && w.contains("0000:81:00.0 (unreadable)")),
+            "{why:?}"
+        );
         let filtered = scan(&sysfs, &["8086:1520".parse().expect("id")]).expect("scan");
         assert!(filtered.devices.is_empty());
         assert!(
@@ -415,7 +560,8 @@ mod tests {
                 "/dev/vfio/vfio",
                 "/dev/vfio/42",
                 "/dev/vfio/43",
-                "/dev/vfio/devices/vfio0"
+                "/dev/vfio/devices/vfio0",
+                "/dev/vfio/devices/vfio1"
             ]
         );
     }
