@@ -54,6 +54,15 @@ pub enum RunError {
     /// Something at the socket's path that the plugin did not put there.
     #[error("{0} exists and is not a socket: not replacing it")]
     NotASocket(PathBuf),
+    /// The lock that makes one instance per socket could not be taken or waited for.
+    #[error("cannot take the instance lock {path}")]
+    Lock {
+        /// The lock directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Why one registration failed.
@@ -273,6 +282,12 @@ pub async fn run(
     log: Log,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    tokio::pin!(shutdown);
+    // Held until `run` returns: the one instance serving this socket on the node.
+    let Some(_instance) = one_instance(&config, &log, &mut shutdown).await? else {
+        log.info("stopped", "kata-topo device plugin stopped", json!({}));
+        return Ok(());
+    };
     let sysfs = Sysfs::new(&config.sysfs_root);
     let first = scan_now(&sysfs, &config)
         .await
@@ -306,6 +321,79 @@ pub async fn run(
     let result = serve(&config, &sysfs, &log, &inventory_rx, shutdown).await;
     scanner.abort();
     result
+}
+
+/// The instance lock of this plugin's socket: the directory `.<socket name>.lock` in the
+/// device plugin directory, `flock`ed. A directory because the kubelet, at each start,
+/// removes every file there (the plugins' sockets) but no directory; a lock file would be
+/// removed with them, and two instances could each lock their own.
+pub fn lock_path(config: &Config) -> PathBuf {
+    config
+        .plugin_dir
+        .join(format!(".{}.lock", config.socket_name.as_str()))
+}
+
+/// Takes the instance lock, or waits for it: a second instance for the same socket on the node
+/// (the systemd unit and the DaemonSet both running) says so once and waits, trying again
+/// every [`Config::register_retry`], until the first stops; it then serves. Without this the
+/// two replaced each other's socket every second, each taking the other's for a kubelet
+/// restart. `None` when `shutdown` came while waiting.
+async fn one_instance<F: Future<Output = ()>>(
+    config: &Config,
+    log: &Log,
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> Result<Option<kata_topo_core::files::Dir>, RunError> {
+    let path = lock_path(config);
+    let mut waiting = false;
+    loop {
+        match try_lock(&path) {
+            Ok(Some(dir)) => {
+                if waiting {
+                    log.info(
+                        "instance-lock-taken",
+                        "the other instance stopped: this one serves now",
+                        json!({"lock": path}),
+                    );
+                }
+                return Ok(Some(dir));
+            }
+            Ok(None) if !waiting => {
+                log.warn(
+                    "another-instance",
+                    "another kata-topo device plugin serves this socket on this node (the \
+                     systemd unit and the DaemonSet both running?): waiting until it stops",
+                    json!({"socket": config.plugin_dir.join(config.socket_name.as_str()),
+                           "lock": path,
+                           "retry_seconds": config.register_retry.as_secs_f64()}),
+                );
+                waiting = true;
+            }
+            Ok(None) => {}
+            Err(source) => return Err(RunError::Lock { path, source }),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(config.register_retry) => {}
+            () = &mut *shutdown => return Ok(None),
+        }
+    }
+}
+
+/// The lock directory, made when missing (0700) and opened without following a link; it must
+/// be this user's and writable by no one else. `None` when another process holds it.
+fn try_lock(path: &Path) -> io::Result<Option<kata_topo_core::files::Dir>> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let dir = kata_topo_core::files::Dir::open(path)?;
+    dir.check_private()?;
+    match rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(dir)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Scans every [`Config::rescan`] and publishes what changed.

@@ -260,7 +260,8 @@ async fn registers_lists_allocates_follows_unbinding_and_kubelet_restarts() {
     // The kubelet restarts: it empties its directory and serves a new kubelet.sock. The old
     // stream ends, the plugin serves a new socket and registers again.
     kubelet.stop().await;
-    for f in socket_files(&dir) {
+    // As the kubelet does: every file, no directory.
+    for f in socket_files(&dir).into_iter().filter(|f| !f.is_dir()) {
         std::fs::remove_file(f).expect("wipe");
     }
     let mut kubelet = Kubelet::start(&dir);
@@ -434,4 +435,77 @@ async fn a_wrong_sysfs_root_or_a_missing_plugin_dir_stops_it_at_once_naming_the_
         std::fs::read_to_string(dir.join("kata-topo-vfio.sock")).expect("kept"),
         "keep me"
     );
+}
+
+/// The systemd unit and the DaemonSet on one node: the second instance says so and waits,
+/// never touching the first's socket (before, each replaced the other's every second), and
+/// serves once the first stops. A kubelet restart, which empties the directory of its files,
+/// does not end the first's lock.
+#[tokio::test]
+async fn a_second_instance_says_so_and_waits_for_the_first() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tree = SysfsTree::at(tmp.path().join("sys")).expect("tree");
+    tree.add_device(bdf("0000:80:00.0"), 1, Some("vfio-pci"), Some("42"))
+        .expect("nic");
+    let dir = tmp.path().join("device-plugins");
+    std::fs::create_dir(&dir).expect("plugin dir");
+    let socket = dir.join("kata-topo-vfio.sock");
+    let mut config = Config::new(tree.root(), &dir);
+    config.rescan = Duration::from_millis(100);
+    config.poll = Duration::from_millis(20);
+    config.register_retry = Duration::from_millis(50);
+    let start = |log: &Log| {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(registration::run(config.clone(), log.clone(), async move {
+            let _ = stopped.await;
+        }));
+        (stop, task)
+    };
+    let (first_log, second_log) = (Log::memory(), Log::memory());
+    let (stop_first, first) = start(&first_log);
+    wait_for("the first instance's socket", || socket.exists()).await;
+    let (stop_second, second) = start(&second_log);
+    wait_for("the second instance to say it waits", || {
+        second_log
+            .lines()
+            .iter()
+            .any(|l| l["event"] == "another-instance")
+    })
+    .await;
+    // A kubelet restart removes the directory's files, the first's socket among them.
+    for f in socket_files(&dir).into_iter().filter(|f| !f.is_dir()) {
+        std::fs::remove_file(f).expect("wipe");
+    }
+    let count = |log: &Log, event: &str| log.lines().iter().filter(|l| l["event"] == event).count();
+    wait_for("the first instance serving anew", || {
+        count(&first_log, "serving") == 2 && socket.exists()
+    })
+    .await;
+    // Many of the second's tries later, the first still serves, its socket untouched.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        count(&second_log, "serving"),
+        0,
+        "{:#?}",
+        second_log.lines()
+    );
+    assert_eq!(
+        count(&first_log, "socket-removed"),
+        1,
+        "only the kubelet's restart removed the first's socket: {:#?}",
+        first_log.lines()
+    );
+    assert_eq!(count(&first_log, "serving"), 2);
+    let tries = || count(&second_log, "serving");
+    // The first stops: the second takes over.
+    let _ = stop_first.send(());
+    first.await.expect("join").expect("the first stops");
+    wait_for("the second instance serving", || tries() == 1).await;
+    assert!(second_log
+        .lines()
+        .iter()
+        .any(|l| l["event"] == "instance-lock-taken"));
+    wait_for("the second instance's socket", || socket.exists()).await;
+    let _ = stop_second.send(());
+    second.await.expect("join").expect("the second stops");
 }

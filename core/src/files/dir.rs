@@ -44,6 +44,13 @@ pub(super) fn random_suffix() -> u64 {
     h.finish()
 }
 
+/// The open directory, for what needs its descriptor (an `flock` on it).
+impl std::os::fd::AsFd for Dir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Dir {
     /// Opens `path` as a directory; a symlink as its last component is refused.
     pub fn open(path: &Path) -> io::Result<Self> {
