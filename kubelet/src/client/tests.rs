@@ -81,17 +81,37 @@ fn gets_a_pod_from_a_kubelet_that_answers() {
 /// 209 MB kept), and a small one of more containers than a pod is taken with.
 #[test]
 fn an_answer_no_pod_could_have_is_refused_before_it_is_decoded() {
-    let pod_of = |n: usize| v1::PodResources {
-        name: "guaranteed".into(),
-        namespace: "default".into(),
-        containers: vec![v1::ContainerResources::default(); n],
-    };
+    // The answer's bytes as prost would encode them: pod `default/guaranteed` with `n`
+    // empty containers (two bytes each), written without building them.
     let answer = |n: usize| {
-        v1::GetPodResourcesResponse {
-            pod_resources: Some(pod_of(n)),
-        }
-        .encode_to_vec()
+        let varint = |mut v: usize, out: &mut Vec<u8>| loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        };
+        let mut pod = vec![0x0a, 10];
+        pod.extend(b"guaranteed");
+        pod.extend([0x12, 7]);
+        pod.extend(b"default");
+        pod.extend([0x1a, 0x00].repeat(n));
+        let mut out = vec![0x0a];
+        varint(pod.len(), &mut out);
+        out.extend(pod);
+        out
     };
+    assert_eq!(
+        v1::GetPodResourcesResponse::decode(&answer(3)[..])
+            .expect("decodes")
+            .pod_resources
+            .expect("pod")
+            .containers
+            .len(),
+        3
+    );
     let huge = FakeKubelet::start(Behaviour::Answer(answer(2_000_000), Duration::ZERO));
     let e = huge
         .client(ANSWER_WITHIN)
