@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -72,6 +72,11 @@ pub struct Exchange {
     pub headers: Vec<(String, String)>,
     /// The body (as long as its `Content-Length`).
     pub body: Vec<u8>,
+    /// When it was read.
+    pub received: Instant,
+    /// For a request answered with [`Reply::Hang`]: when the client gave up and closed the
+    /// connection (seen within 20 ms).
+    pub abandoned: Option<Instant>,
 }
 
 impl Exchange {
@@ -376,14 +381,17 @@ fn serve(
         }
     }
     body.truncate(length);
-    requests
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Exchange {
+    let index = {
+        let mut all = requests.lock().unwrap_or_else(|e| e.into_inner());
+        all.push(Exchange {
             line: line.clone(),
             headers,
             body: body.clone(),
+            received: Instant::now(),
+            abandoned: None,
         });
+        all.len() - 1
+    };
     let authorised = text
         .lines()
         .any(|l| l.eq_ignore_ascii_case(&format!("authorization: bearer {TOKEN}")));
@@ -392,6 +400,32 @@ fn serve(
     } else {
         Reply::status(401, "Unauthorized")
     };
+    if matches!(reply, Reply::Hang) {
+        // Held until the client gives up (or the fake stops): when it did is recorded.
+        let _ = tls
+            .sock
+            .tcp
+            .set_read_timeout(Some(Duration::from_millis(20)));
+        while !stop.load(Ordering::SeqCst) {
+            match tls.sock.tcp.peek(&mut buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                // Closed, or bytes (a TLS alert before closing), or an error: the client left.
+                _ => break,
+            }
+        }
+        if let Some(e) = requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(index)
+        {
+            e.abandoned = Some(Instant::now());
+        }
+        return;
+    }
     reply_with(&mut tls, reply, stop);
 }
 

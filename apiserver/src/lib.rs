@@ -5,7 +5,8 @@
 //! the Node authorizer lets a node `get` its own Node object and the pods bound to it, and
 //! nothing else, which is all this needs. Two GETs, `/api/v1/nodes/{node}` (asking for
 //! `PartialObjectMetadata`: the labels without the Node's status and image list) and
-//! `/api/v1/namespaces/{ns}/pods/{name}`.
+//! `/api/v1/namespaces/{ns}/pods/{name}`. The writes — the pod's Events, as the kubelet
+//! writes its own — are in [`events`], with the whole Pod object `kata-topo diagnose` reads.
 //!
 //! The transport is its own and small: HTTP/1.1 over rustls (ring's primitives) on a blocking
 //! TCP socket, one connection per request, `Connection: close`, every step under one deadline
@@ -27,6 +28,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod events;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod http;
@@ -40,11 +42,13 @@ use std::time::{Duration, Instant};
 use kata_topo_core::affinity::{NodeLabels, PodPlacement};
 use kata_topo_core::config::Config;
 
+pub use events::{EventType, PodEvent};
 pub use http::MAX_ANSWER_BYTES;
 pub use kubeconfig::Kubeconfig;
 
-/// What the node's `[topology_guard]` says about the affinity check.
-#[derive(Debug)]
+/// What the node's `[topology_guard]` says about the API server: whether the affinity check
+/// reads it and the pod's Events are written to it.
+#[derive(Debug, Clone)]
 pub enum Setup {
     /// The check is off, and why (`kubeconfig = ""`, or no file at the path).
     Off(String),
