@@ -891,6 +891,7 @@ fn status_tells_dead_wrappers_from_serving_ones() {
         config: None,
         config_source: "built-in-defaults".into(),
         node_affinity: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
+        pod_events: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
     };
     GroupState::open(&state, "k8s.io", "alive")
         .expect("state")
@@ -906,6 +907,11 @@ fn status_tells_dead_wrappers_from_serving_ones() {
     // Whether the node-affinity check runs, as the wrapper decided it.
     assert!(
         text.contains("  node affinity: off: no kubeconfig at /etc/kubernetes/kubelet.conf\n"),
+        "{text}"
+    );
+    // And whether the pod's findings become Kubernetes Events.
+    assert!(
+        text.contains("  pod events: off: no kubeconfig at /etc/kubernetes/kubelet.conf\n"),
         "{text}"
     );
     // The same pid with another start time: a process that is gone, its pid maybe reused.

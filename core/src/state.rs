@@ -57,6 +57,10 @@ pub struct DaemonRecord {
     /// it is off (`off: no kubeconfig at …`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_affinity: Option<String>,
+    /// Whether the pod's findings are written as Kubernetes Events on it, or why not
+    /// (`off: no kubeconfig at …`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_events: Option<String>,
 }
 
 /// Whose latest verdict a file under `verdicts/` keeps. A task has two: its last request's,
@@ -441,6 +445,7 @@ mod tests {
             config: Some("/etc/kata-containers/kt.toml".into()),
             config_source: "ConfigPath".into(),
             node_affinity: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
+            pod_events: Some("off: no kubeconfig at /etc/kubernetes/kubelet.conf".into()),
         };
         g.save_daemon(&d).expect("save daemon");
         assert_eq!(g.daemon().expect("read"), Some(d.clone()));

@@ -184,7 +184,7 @@ struct FileWriter {
     checked: Instant,
     reopen: Arc<AtomicBool>,
     drops: Arc<Drops>,
-    reported: [u64; 4],
+    reported: [u64; crate::queue::SINKS],
     /// The last write stopped in the middle of a line.
     broken_line: bool,
 }
@@ -206,7 +206,7 @@ impl FileWriter {
             checked: Instant::now(),
             reopen,
             drops,
-            reported: [0; 4],
+            reported: [0; crate::queue::SINKS],
             broken_line: false,
         }
     }

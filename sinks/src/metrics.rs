@@ -252,7 +252,7 @@ fn render(s: &Shared, c: &Counters) -> String {
             c.refreshes.get(result).copied().unwrap_or(0)
         );
     }
-    out.push_str("# HELP kata_topo_sink_dropped_total Log lines, journald entries, events and state writes kata-topo dropped rather than make a request wait.\n# TYPE kata_topo_sink_dropped_total counter\n");
+    out.push_str("# HELP kata_topo_sink_dropped_total Log lines, journald entries, events, state writes and Kubernetes Events kata-topo dropped rather than make a request wait.\n# TYPE kata_topo_sink_dropped_total counter\n");
     for sink in Sink::ALL {
         let _ = writeln!(
             out,

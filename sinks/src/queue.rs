@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The sinks that can drop what they are given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,11 +16,22 @@ pub enum Sink {
     Events,
     /// State files (a write that failed).
     State,
+    /// Kubernetes Events on the pod, written to the API server.
+    KubeEvents,
 }
+
+/// How many sinks there are.
+pub const SINKS: usize = 5;
 
 impl Sink {
     /// Every sink, in the order metrics list them.
-    pub const ALL: [Sink; 4] = [Sink::Log, Sink::Journald, Sink::Events, Sink::State];
+    pub const ALL: [Sink; SINKS] = [
+        Sink::Log,
+        Sink::Journald,
+        Sink::Events,
+        Sink::State,
+        Sink::KubeEvents,
+    ];
 
     /// The `sink` label.
     pub fn name(self) -> &'static str {
@@ -29,13 +40,14 @@ impl Sink {
             Sink::Journald => "journald",
             Sink::Events => "events",
             Sink::State => "state",
+            Sink::KubeEvents => "kube-events",
         }
     }
 }
 
 /// What each sink dropped, shared by the sinks and the metrics that report it.
 #[derive(Debug, Default)]
-pub struct Drops([AtomicU64; 4]);
+pub struct Drops([AtomicU64; SINKS]);
 
 impl Drops {
     /// A new set of counters.
@@ -58,7 +70,7 @@ impl Drops {
     }
 
     /// Every counter.
-    pub fn snapshot(&self) -> [u64; 4] {
+    pub fn snapshot(&self) -> [u64; SINKS] {
         Sink::ALL.map(|s| self.get(s))
     }
 }
@@ -109,17 +121,50 @@ impl<T: Send + 'static> Lane<T> {
         drops: Arc<Drops>,
         mut work: impl FnMut(T) + Send + 'static,
     ) -> Self {
+        Self::start_timed(name, capacity, sink, drops, move |item| {
+            if let Some(t) = item {
+                work(t);
+            }
+            None
+        })
+    }
+
+    /// Starts the writer thread `name` of a sink with work of its own to do later (a repeat
+    /// written once its interval passed): `work` gets each item in order, and `None` when the
+    /// time it asked for passed, after a flush, or both; it answers how long until it wants
+    /// to be called again (`None`: only for the next item).
+    pub fn start_timed(
+        name: &str,
+        capacity: usize,
+        sink: Sink,
+        drops: Arc<Drops>,
+        mut work: impl FnMut(Option<T>) -> Option<Duration> + Send + 'static,
+    ) -> Self {
         let (tx, rx): (SyncSender<Item<T>>, Receiver<Item<T>>) = sync_channel(capacity);
         let spawned = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
-                for item in rx {
-                    match item {
-                        Item::Work(t) => work(t),
-                        Item::Flush(done) => {
+                let mut wait: Option<Duration> = None;
+                loop {
+                    let item = match wait {
+                        None => match rx.recv() {
+                            Ok(item) => Some(item),
+                            Err(_) => return,
+                        },
+                        Some(d) => match rx.recv_timeout(d) {
+                            Ok(item) => Some(item),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            Err(RecvTimeoutError::Disconnected) => return,
+                        },
+                    };
+                    wait = match item {
+                        Some(Item::Work(t)) => work(Some(t)),
+                        Some(Item::Flush(done)) => {
                             let _ = done.try_send(());
+                            work(None)
                         }
-                    }
+                        None => work(None),
+                    };
                 }
             });
         Self {
@@ -159,7 +204,7 @@ impl<T: Send + 'static> Lane<T> {
                 Ok(()) => break,
                 Err(TrySendError::Full(m)) if Instant::now() < deadline => {
                     marker = m;
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    std::thread::sleep(Duration::from_millis(2));
                 }
                 Err(_) => return false,
             }

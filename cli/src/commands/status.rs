@@ -95,6 +95,9 @@ pub(crate) fn status(args: &StatusArgs) -> Result<ExitCode> {
                 if let Some(a) = &d.node_affinity {
                     outln!("  node affinity: {a}");
                 }
+                if let Some(e) = &d.pod_events {
+                    outln!("  pod events: {e}");
+                }
             }
             for (name, b) in &p.containers {
                 outln!(

@@ -102,6 +102,23 @@ rules! {
     NodeLabelsUnavailable = "node-labels-unavailable",
 }
 
+impl Rule {
+    /// The rule's reason in a Kubernetes Event: its id in CamelCase (`node-affinity-violated`
+    /// → `NodeAffinityViolated`, `vfio-remote` → `VfioRemote`). The one mapping, listed in
+    /// `docs/rules.md` ("Kubernetes Events").
+    pub fn reason(self) -> String {
+        self.id()
+            .split('-')
+            .map(|word| {
+                let mut chars = word.chars();
+                chars.next().map_or_else(String::new, |first| {
+                    first.to_ascii_uppercase().to_string() + chars.as_str()
+                })
+            })
+            .collect()
+    }
+}
+
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.id())
@@ -149,6 +166,22 @@ mod tests {
         for (i, rule) in Rule::ALL.into_iter().enumerate() {
             assert_eq!(rule as usize, i, "{rule}");
         }
+    }
+
+    #[test]
+    fn a_reason_is_the_id_in_camel_case_and_names_one_rule() {
+        assert_eq!(Rule::NodeAffinityViolated.reason(), "NodeAffinityViolated");
+        assert_eq!(Rule::CpuOutsideIntent.reason(), "CpuOutsideIntent");
+        assert_eq!(Rule::VfioRemote.reason(), "VfioRemote");
+        assert_eq!(Rule::VcpuPinningLost.reason(), "VcpuPinningLost");
+        let mut reasons: Vec<String> = Rule::ALL.iter().map(|r| r.reason()).collect();
+        assert!(reasons
+            .iter()
+            .all(|r| r.chars().all(|c| c.is_ascii_alphanumeric())
+                && r.starts_with(|c: char| c.is_ascii_uppercase())));
+        reasons.sort();
+        reasons.dedup();
+        assert_eq!(reasons.len(), Rule::ALL.len());
     }
 
     #[test]

@@ -18,7 +18,6 @@ use std::sync::Mutex;
 
 use kata_topo_apiserver::{ApiError, Setup};
 use kata_topo_core::affinity::{LabelBaseline, NodeView};
-use kata_topo_core::config::Config;
 use kata_topo_core::verdict::PodRef;
 
 /// What one read gave: the view the core checks, and the baseline to keep when it was the
@@ -40,11 +39,11 @@ pub(crate) struct NodeAffinity {
 }
 
 impl NodeAffinity {
-    /// The check as `config` sets it up, starting from the baseline a previous daemon of the
-    /// pod kept.
-    pub(crate) fn new(config: &Config, kept: Option<LabelBaseline>) -> Self {
+    /// The check against the API server of `setup` (the node's `[topology_guard]`), starting
+    /// from the baseline a previous daemon of the pod kept.
+    pub(crate) fn new(setup: Setup, kept: Option<LabelBaseline>) -> Self {
         Self {
-            setup: kata_topo_apiserver::setup(config),
+            setup,
             kept: Mutex::new(kept),
         }
     }

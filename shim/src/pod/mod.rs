@@ -30,7 +30,7 @@ use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Resources, Sysfs, Verdict,
 };
-use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist};
+use kata_topo_sinks::{log_verdict, Drops, Events, Metrics, Persist, PodEvents};
 use slog::Logger;
 
 use crate::error::ShimError;
@@ -137,6 +137,8 @@ pub(crate) struct Pod {
     affinity: NodeAffinity,
     /// What each task's last resize read, answering the kubelet's retries of it.
     retries: Retries,
+    /// Kubernetes Events on the pod, and whether they are written (for its record).
+    pod_events: (PodEvents, String),
 }
 
 impl Pod {
@@ -174,6 +176,12 @@ impl Pod {
                 "error" => e.to_string());
         });
         let store = PodStore::open(files, persist);
+        // One API server set-up for the affinity check and the pod's Events.
+        let api = kata_topo_apiserver::setup(&config);
+        let pod_events = (
+            PodEvents::start(&api, sinks.log.clone(), sinks.drops.clone()),
+            PodEvents::describe(&api),
+        );
         let checks = Arc::new(Self {
             origin: (file, source),
             host: CurrentHost::new(
@@ -181,7 +189,8 @@ impl Pod {
                 kata_topo_core::cache::TopologyCache::from_config(&config),
             ),
             sysfs: Sysfs::new(&config.sysfs_root),
-            affinity: NodeAffinity::new(&config, store.label_baseline()),
+            affinity: NodeAffinity::new(api, store.label_baseline()),
+            pod_events,
             store,
             namespace: namespace.to_string(),
             group: group.to_string(),
@@ -511,6 +520,7 @@ impl Pod {
         if news {
             log_verdict(&self.sinks.log, verdict);
             self.sinks.events.mismatch(verdict);
+            self.pod_events.0.verdict(verdict);
         }
     }
 
@@ -677,6 +687,7 @@ impl Pod {
             config: self.origin.0.clone(),
             config_source: self.origin.1.as_str().to_string(),
             node_affinity: Some(self.affinity.describe()),
+            pod_events: Some(self.pod_events.1.clone()),
         });
     }
 
@@ -1273,9 +1284,21 @@ mod tests {
             let labels = Arc::new(Mutex::new(serde_json::json!({"nic": "mlx5", "cores": "2"})));
             let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (l, h) = (Arc::clone(&labels), Arc::clone(&hang));
-            let server = FakeApiServer::start(move |line| {
+            let server = FakeApiServer::start_with_bodies(move |line, body| {
                 if h.load(std::sync::atomic::Ordering::SeqCst) {
                     return Reply::Hang;
+                }
+                // The pod's Events: written, answered as the API server does.
+                if line.starts_with("POST /api/v1/namespaces/ns/events ") {
+                    let name = serde_json::from_slice::<serde_json::Value>(body)
+                        .map(|v| v["metadata"]["name"].clone())
+                        .unwrap_or_default();
+                    return Reply::Answer {
+                        status: 201,
+                        body: serde_json::json!({"kind": "Event", "metadata": {"name": name}})
+                            .to_string(),
+                        chunked: false,
+                    };
                 }
                 if line.starts_with("GET /api/v1/nodes/worker-1 ") {
                     let labels = l.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1316,8 +1339,23 @@ mod tests {
             self.labels.lock().unwrap_or_else(|e| e.into_inner())[key] = value.into();
         }
 
+        /// The reads so far (the pod's Events are written besides).
         fn gets(&self) -> usize {
-            self.server.requests().len()
+            self.server
+                .requests()
+                .iter()
+                .filter(|l| l.starts_with("GET "))
+                .count()
+        }
+
+        /// The Events written so far, as posted.
+        fn events(&self) -> Vec<serde_json::Value> {
+            self.server
+                .exchanges()
+                .iter()
+                .filter(|e| e.line.starts_with("POST "))
+                .filter_map(|e| serde_json::from_slice(&e.body).ok())
+                .collect()
         }
     }
 
@@ -1450,6 +1488,80 @@ mod tests {
         ));
         assert_eq!(kubelet.calls(), asked + 2);
         assert_eq!(api.gets(), read + 2);
+    }
+
+    /// Each announced `error` is a `Warning` Event on the pod, and the listed warning
+    /// (`node-labels-changed`) a `Normal` one: the kubelet retrying the refused resize is one
+    /// announcement, one Event.
+    #[test]
+    fn the_pods_findings_are_events_on_it_once_per_announcement() {
+        let api = ApiServer::start();
+        let p = pod_configured("enforce", None, true, &api.config(), false);
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.create();
+        api.label("cores", "4");
+        assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+        api.label("nic", "e810");
+        for _ in 0..20 {
+            assert!(matches!(
+                p.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
+                Outcome::Refuse(_)
+            ));
+        }
+        assert!(p
+            .pod
+            .pod_events
+            .0
+            .flush(Instant::now() + Duration::from_secs(30)));
+        let events = api.events();
+        let summary: Vec<(String, String)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_string(),
+                    e["reason"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("Normal".to_string(), "NodeLabelsChanged".to_string()),
+                ("Warning".to_string(), "NodeAffinityViolated".to_string()),
+            ],
+            "{events:#?}"
+        );
+        let refused = &events[1];
+        assert_eq!(
+            refused["involvedObject"],
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "pod"})
+        );
+        assert_eq!(refused["reportingComponent"], "kata-topo");
+        assert_eq!(refused["reportingInstance"], "worker-1");
+        assert_eq!(refused["source"]["host"], "worker-1");
+        assert_eq!(refused["count"], 1);
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("Refused the resize of container app: ")
+                && message.contains("ReplicaSet pod-rs"),
+            "{message}"
+        );
+        // The daemon's record says the Events are on, for `kata-topo status`.
+        assert!(
+            p.pod.pod_events.1.starts_with("on: as node worker-1"),
+            "{}",
+            p.pod.pod_events.1
+        );
+    }
+
+    /// Without a kubeconfig no Event is written, and the record says why.
+    #[test]
+    fn without_a_kubeconfig_the_pods_events_are_off() {
+        let p = pod_with("enforce", None, true);
+        assert_eq!(
+            p.pod.pod_events.1,
+            "off: kubeconfig is set to \"\" in [topology_guard]"
+        );
     }
 
     /// In enforce mode a recreate and a resize on a node that no longer fits the pod are refused,
