@@ -3,6 +3,7 @@
 //! wrapper restart, removed when the sandbox goes), each task's bundle and current resources,
 //! and each task's latest verdict.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -32,6 +33,67 @@ pub struct TaskRecord {
 
 /// The file of a pod's label baseline ([`crate::input::affinity::LabelBaseline`]).
 const LABEL_BASELINE_FILE: &str = "node-labels.json";
+
+/// The file of the node labels seen changed since the pod's label baseline ([`LabelsSeen`]).
+const LABELS_SEEN_FILE: &str = "node-labels-seen.json";
+
+/// The most label changes a pod's [`LabelsSeen`] keeps.
+const MAX_LABELS_SEEN: usize = 256;
+
+/// The node's labels the wrapper saw differ from the pod's label baseline, each with its
+/// value then and now and when the wrapper first saw that value: what `kata-topo diagnose`
+/// answers "since when" with. Kept in `node-labels-seen.json` beside the label baseline.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelsSeen {
+    /// By label key.
+    pub changes: BTreeMap<String, LabelSeen>,
+}
+
+/// One label seen changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelSeen {
+    /// Its value in the label baseline (`None`: absent then).
+    pub from: Option<String>,
+    /// Its value when seen (`None`: removed).
+    pub to: Option<String>,
+    /// When the wrapper first saw it so, in seconds since the epoch.
+    pub first_seen: u64,
+}
+
+impl LabelsSeen {
+    /// Takes one read of the node's labels (`now`) against the baseline's (`then`) at `at`
+    /// (seconds since the epoch): a label that differs and was not seen with this value is
+    /// recorded as first seen now, one back to its baseline value is forgotten. Answers
+    /// whether anything changed (to be written).
+    pub fn observe(
+        &mut self,
+        then: &BTreeMap<String, String>,
+        now: &BTreeMap<String, String>,
+        at: u64,
+    ) -> bool {
+        let before = self.changes.clone();
+        self.changes.retain(|k, _| then.get(k) != now.get(k));
+        for key in then.keys().chain(now.keys()) {
+            let (from, to) = (then.get(key), now.get(key));
+            if from == to {
+                continue;
+            }
+            let seen = self.changes.get(key).is_some_and(|c| c.to.as_ref() == to);
+            let room = self.changes.contains_key(key) || self.changes.len() < MAX_LABELS_SEEN;
+            if !seen && room {
+                self.changes.insert(
+                    key.clone(),
+                    LabelSeen {
+                        from: from.cloned(),
+                        to: to.cloned(),
+                        first_seen: at,
+                    },
+                );
+            }
+        }
+        self.changes != before
+    }
+}
 
 /// The file of a pod's [`DaemonRecord`].
 const DAEMON_FILE: &str = "daemon.json";
@@ -203,6 +265,16 @@ impl GroupState {
     /// Records the pod's label baseline.
     pub fn save_label_baseline(&self, b: &crate::input::affinity::LabelBaseline) -> io::Result<()> {
         write_json(&self.dir.join(LABEL_BASELINE_FILE), b)
+    }
+
+    /// The node labels seen changed since the label baseline.
+    pub fn labels_seen(&self) -> io::Result<Option<LabelsSeen>> {
+        read_json(&self.dir.join(LABELS_SEEN_FILE))
+    }
+
+    /// Records the node labels seen changed.
+    pub fn save_labels_seen(&self, seen: &LabelsSeen) -> io::Result<()> {
+        write_json(&self.dir.join(LABELS_SEEN_FILE), seen)
     }
 
     fn container_path(&self, name: &str) -> PathBuf {
@@ -400,6 +472,46 @@ pub fn list(state_dir: &Path) -> io::Result<Vec<PodState>> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_label_change_keeps_when_it_was_first_seen() {
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let then = labels(&[("nic", "mlx5"), ("zone", "a")]);
+        let mut seen = LabelsSeen::default();
+        assert!(
+            !seen.observe(&then, &then, 100),
+            "unchanged: nothing to keep"
+        );
+        let moved = labels(&[("nic", "e810"), ("zone", "a"), ("new", "x")]);
+        assert!(seen.observe(&then, &moved, 200));
+        assert!(
+            !seen.observe(&then, &moved, 300),
+            "seen before: kept as first seen"
+        );
+        assert_eq!(seen.changes["nic"].first_seen, 200);
+        assert_eq!(seen.changes["nic"].from.as_deref(), Some("mlx5"));
+        assert_eq!(seen.changes["new"].from, None);
+        // Moved again: a new first sighting; one back to its baseline value is forgotten.
+        let again = labels(&[("nic", "cx7"), ("zone", "a"), ("new", "x")]);
+        assert!(seen.observe(&then, &again, 400));
+        assert_eq!(seen.changes["nic"].first_seen, 400);
+        assert_eq!(seen.changes["new"].first_seen, 200);
+        let removed = labels(&[("nic", "mlx5")]);
+        assert!(seen.observe(&then, &removed, 500));
+        assert_eq!(seen.changes.keys().collect::<Vec<_>>(), ["zone"]);
+        assert_eq!(seen.changes["zone"].to, None);
+        // Kept in the pod's state.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = GroupState::open(&dir.path().join("s"), "k8s.io", "sb").expect("open");
+        assert_eq!(g.labels_seen().expect("read"), None);
+        g.save_labels_seen(&seen).expect("save");
+        assert_eq!(g.labels_seen().expect("read"), Some(seen));
+    }
 
     #[test]
     fn names_are_made_safe() {

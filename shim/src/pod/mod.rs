@@ -493,6 +493,14 @@ impl Pod {
         if let Some(b) = read.new_baseline {
             self.store.save_label_baseline(b);
         }
+        if let Some(NodeView::Read {
+            node,
+            baseline: Some(then),
+            ..
+        }) = &read.view
+        {
+            self.store.observe_labels(&then.labels, &node.labels);
+        }
         read.view
     }
 
@@ -1435,6 +1443,19 @@ mod tests {
         .expect("baseline");
         assert_eq!(kept.node.labels["cores"], "2");
         assert_eq!(kept.pod.owner.expect("owner").name, "pod-rs");
+        // And the labels seen changed since, each with when it was first seen (for diagnose).
+        let seen: kata_topo_core::state::LabelsSeen = serde_json::from_slice(
+            &std::fs::read(p.pod.state_dir().join("node-labels-seen.json")).expect("kept"),
+        )
+        .expect("labels seen");
+        assert_eq!(
+            seen.changes.keys().collect::<Vec<_>>(),
+            ["cores", "nic"],
+            "{seen:?}"
+        );
+        assert_eq!(seen.changes["nic"].from.as_deref(), Some("mlx5"));
+        assert_eq!(seen.changes["nic"].to.as_deref(), Some("e810"));
+        assert!(seen.changes["cores"].first_seen <= seen.changes["nic"].first_seen);
     }
 
     /// The kubelet retries a refused resize about once a second: each retry of the same

@@ -32,6 +32,7 @@ pub(crate) enum BaselineOf {
 struct Memory {
     sandbox: Option<Baseline>,
     labels: Option<LabelBaseline>,
+    labels_seen: kata_topo_core::state::LabelsSeen,
     containers: HashMap<String, Baseline>,
     tasks: HashMap<String, TaskRecord>,
 }
@@ -54,6 +55,7 @@ impl PodStore {
         if let Some(files) = &files {
             memory.sandbox = files.sandbox_baseline().ok().flatten();
             memory.labels = files.label_baseline().ok().flatten();
+            memory.labels_seen = files.labels_seen().ok().flatten().unwrap_or_default();
             if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
                 memory.containers = pod.containers.into_iter().collect();
                 memory.tasks = pod.tasks.into_iter().collect();
@@ -146,6 +148,28 @@ impl PodStore {
     pub(crate) fn save_label_baseline(&self, b: LabelBaseline) {
         self.with(|m| m.labels = Some(b.clone()));
         self.mirror("node-labels".into(), move |f| f.save_label_baseline(&b));
+    }
+
+    /// Takes a read of the node's labels against the label baseline: a label seen changed for
+    /// the first time is recorded with when (for `kata-topo diagnose`).
+    pub(crate) fn observe_labels(
+        &self,
+        then: &kata_topo_core::affinity::Labels,
+        now: &kata_topo_core::affinity::Labels,
+    ) {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let changed = self.with(|m| {
+            m.labels_seen
+                .observe(then, now, at)
+                .then(|| m.labels_seen.clone())
+        });
+        if let Some(seen) = changed {
+            self.mirror("node-labels-seen".into(), move |f| {
+                f.save_labels_seen(&seen)
+            });
+        }
     }
 
     /// Keeps the latest verdict of a task's request, of its VM, or of the pod (for
