@@ -14,10 +14,11 @@
 //! that made it a `node-labels-unavailable` warning naming why and nothing more; a pod whose
 //! first read failed takes the labels of its first successful read as its baseline.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kata_topo_apiserver::{ApiError, Setup};
 use kata_topo_core::affinity::{LabelBaseline, NodeView};
+use kata_topo_core::config::Config;
 use kata_topo_core::verdict::PodRef;
 
 /// What one read gave: the view the core checks, and the baseline to keep when it was the
@@ -34,23 +35,40 @@ pub(crate) struct NodeRead {
 /// One pod's node-affinity check.
 #[derive(Debug)]
 pub(crate) struct NodeAffinity {
-    setup: Setup,
+    config: Config,
+    /// The check as set up; one that was broken (a kubeconfig or a file it names unusable,
+    /// mid-rotation) is set up again at each read until it is not.
+    setup: Mutex<Arc<Setup>>,
     kept: Mutex<Option<LabelBaseline>>,
 }
 
 impl NodeAffinity {
-    /// The check against the API server of `setup` (the node's `[topology_guard]`), starting
-    /// from the baseline a previous daemon of the pod kept.
-    pub(crate) fn new(setup: Setup, kept: Option<LabelBaseline>) -> Self {
+    /// The check against the API server of `setup` (as `config`, the node's
+    /// `[topology_guard]`, sets it up), starting from the baseline a previous daemon of the pod
+    /// kept.
+    pub(crate) fn new(setup: Setup, config: &Config, kept: Option<LabelBaseline>) -> Self {
         Self {
-            setup,
+            config: config.clone(),
+            setup: Mutex::new(Arc::new(setup)),
             kept: Mutex::new(kept),
         }
     }
 
     /// Whether it runs, for the daemon's record (`kata-topo status`).
     pub(crate) fn describe(&self) -> String {
-        self.setup.describe()
+        self.setup
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .describe()
+    }
+
+    /// The setup to read with: the one kept, or, when that was broken, a new one.
+    fn current(&self) -> Arc<Setup> {
+        let mut setup = self.setup.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(**setup, Setup::Broken(_)) {
+            *setup = Arc::new(kata_topo_apiserver::setup(&self.config));
+        }
+        Arc::clone(&setup)
     }
 
     /// Reads the node (and the pod, when no baseline is kept yet) for a check of the pod's
@@ -62,7 +80,8 @@ impl NodeAffinity {
             }),
             new_baseline: None,
         };
-        let (client, node) = match &self.setup {
+        let setup = self.current();
+        let (client, node) = match &*setup {
             Setup::Off(_) => return NodeRead::default(),
             Setup::Broken(e) => return unavailable(e),
             Setup::On { client, node } => (client, node),

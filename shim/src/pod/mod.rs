@@ -189,7 +189,7 @@ impl Pod {
                 kata_topo_core::cache::TopologyCache::from_config(&config),
             ),
             sysfs: Sysfs::new(&config.sysfs_root),
-            affinity: NodeAffinity::new(api, store.label_baseline()),
+            affinity: NodeAffinity::new(api, &config, store.label_baseline()),
             pod_events,
             store,
             namespace: namespace.to_string(),
@@ -1632,6 +1632,43 @@ mod tests {
             again.update(r#"{"cpu":{"cpus":"1","quota":300000,"period":100000}}"#),
             Outcome::Forward(_)
         ));
+    }
+
+    /// A kubeconfig that cannot be used when the daemon starts (here writable by others, as a
+    /// file caught mid-rotation might be unreadable) costs each read a warning saying why, and
+    /// is set up again at each read: once fixed, the check runs, without a new daemon.
+    #[test]
+    fn a_kubeconfig_broken_at_the_start_is_read_again_once_fixed() {
+        use std::os::unix::fs::PermissionsExt;
+        let api = ApiServer::start();
+        let kubeconfig = api.server.kubeconfig();
+        let mode = |m| {
+            std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(m))
+                .expect("chmod")
+        };
+        mode(0o666);
+        let p = pod_configured("audit", None, true, &api.config(), false);
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        assert_eq!(api.gets(), 0);
+        let lines = p.lines();
+        let warning = lines
+            .iter()
+            .find(|l| l["rule"] == "node-labels-unavailable")
+            .unwrap_or_else(|| panic!("{lines:#?}"));
+        assert!(
+            warning["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("written by others")),
+            "{warning}"
+        );
+        mode(0o600);
+        p.create();
+        assert!(matches!(p.update(RESIZE), Outcome::Forward(_)));
+        assert_eq!(
+            api.gets(),
+            2,
+            "the pod and its node, once the kubeconfig is fixed"
+        );
     }
 
     /// An API server that accepts and never answers costs a resize the timeout and a
