@@ -8,6 +8,7 @@ use kata_topo_core::testutil::SysfsTree;
 
 use crate::layout::{write_hooked_base_spec, ConfigLayout};
 use crate::lock::MachineLock;
+use crate::templates;
 use crate::{bin_dir, images, require_root, workspace, ContainerdBin};
 
 /// Options for the wrapper's `[topology_guard]`.
@@ -161,27 +162,36 @@ impl Containerd {
         let metrics_dir = d.join("metrics");
         let records = d.join("records");
         std::fs::create_dir_all(&records).expect("records dir");
-        let metrics_line = if guard.metrics {
-            format!("metrics_dir = \"{}\"\n", metrics_dir.display())
+        let metrics = if guard.metrics {
+            metrics_dir.display().to_string()
         } else {
             String::new()
         };
+        // The template's table, then the test's own lines.
         let wrapper_config = |log: &Path| {
-            format!(
-                "[topology_guard]\ndelegate_shim = \"{}\"\nmode = \"{}\"\n\
-                 default_policy = \"{}\"\ntopology_xml = \"{}\"\nsysfs_root = \"{}\"\n\
-                 state_dir = \"{}\"\nlog_file = \"{}\"\nfail_closed = {}\n{}{}\n",
-                delegate.display(),
-                guard.mode,
-                guard.policy,
-                topology.display(),
-                sysfs.root().display(),
-                state_dir.display(),
-                log.display(),
-                guard.fail_closed,
-                metrics_line,
-                guard.extra
-            )
+            let text = |p: &Path| p.display().to_string();
+            let (delegate, topology, sysfs, state, log) = (
+                text(&delegate),
+                text(&topology),
+                text(sysfs.root()),
+                text(&state_dir),
+                text(log),
+            );
+            let fail_closed = guard.fail_closed.to_string();
+            let values = [
+                ("DELEGATE", delegate.as_str()),
+                ("MODE", guard.mode),
+                ("POLICY", guard.policy),
+                ("TOPOLOGY_XML", topology.as_str()),
+                ("SYSFS", sysfs.as_str()),
+                ("STATE_DIR", state.as_str()),
+                ("LOG_FILE", log.as_str()),
+                ("FAIL_CLOSED", fail_closed.as_str()),
+                ("METRICS_DIR", metrics.as_str()),
+            ];
+            let table = templates::render(templates::TOPOLOGY_GUARD, &values)
+                .expect("the [topology_guard] template renders");
+            format!("{table}{}\n", guard.extra)
         };
         std::fs::write(&config, wrapper_config(&log_file)).expect("write config");
         std::fs::write(&configpath, wrapper_config(&configpath_log)).expect("write config");
@@ -208,11 +218,7 @@ impl Containerd {
             socket_dir: (shim_socket_dir != Path::new("/run/containerd/s"))
                 .then_some(shim_socket_dir.as_path()),
         };
-        let text = if ContainerdBin::get().is_v2() {
-            layout.version3()
-        } else {
-            layout.version2()
-        };
+        let text = layout.render(ContainerdBin::get().is_v2());
         std::fs::write(d.join("containerd.toml"), text).expect("write containerd config");
         let mut c = Self {
             socket,

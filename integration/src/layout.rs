@@ -1,10 +1,11 @@
-//! containerd's configuration file for one test, in the layout of its version, and the runc
-//! handler's base runtime spec with the hook.
+//! containerd's configuration file for one test, in the layout of its version (from the
+//! template `integration/templates/containerd.toml`), and the runc handler's base runtime spec
+//! with the hook.
 
 use std::path::Path;
 use std::process::Command;
 
-use crate::{ContainerdBin, PAUSE};
+use crate::{templates, ContainerdBin, PAUSE};
 
 /// containerd's configuration for one test: the same handlers in the layout of its version.
 pub(crate) struct ConfigLayout<'a> {
@@ -15,100 +16,39 @@ pub(crate) struct ConfigLayout<'a> {
 }
 
 impl ConfigLayout<'_> {
-    /// The runtime handlers, under the CRI runtime table `rt`: `runc`; `kata-topo` (the
-    /// wrapper, configured through `KATA_TOPO_CONFIG`); `kata-topo-configpath` (the wrapper
+    /// The configuration from the template (`integration/templates/containerd.toml`) in the
+    /// layout of containerd 2.x (`version3`) or 1.6/1.7, with the handlers `runc`; `kata-topo`
+    /// (the wrapper, configured through `KATA_TOPO_CONFIG`); `kata-topo-configpath` (the wrapper
     /// with the runtime option `ConfigPath`, as Kata is configured); `record` and
     /// `record-configpath` (the recording shim in front of runc's, without and with
-    /// `ConfigPath`).
-    fn runtimes(&self, rt: &str) -> String {
-        let hook = self.runc_hook.map_or(String::new(), |base| {
-            format!(
-                "  base_runtime_spec = \"{}\"\n  pod_annotations = [\"kata-topo.io/*\"]\n",
-                base.display()
-            )
-        });
-        let configpath = self.configpath.display();
-        format!(
-            r#"[{rt}.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-{hook}[{rt}.runtimes.kata-topo]
-  runtime_type = "io.containerd.kata-topo.v2"
-  pod_annotations = ["kata-topo.io/*"]
-[{rt}.runtimes.kata-topo-configpath]
-  runtime_type = "io.containerd.kata-topo.v2"
-  pod_annotations = ["kata-topo.io/*"]
-  [{rt}.runtimes.kata-topo-configpath.options]
-    ConfigPath = "{configpath}"
-[{rt}.runtimes.record]
-  runtime_type = "io.containerd.record.v2"
-[{rt}.runtimes.record-configpath]
-  runtime_type = "io.containerd.record.v2"
-  [{rt}.runtimes.record-configpath.options]
-    ConfigPath = "{RECORDED_CONFIG_PATH}"
-"#
-        )
-    }
-
-    /// containerd 1.6 / 1.7.
-    pub(crate) fn version2(&self) -> String {
-        let d = self.dir.display();
-        let rt = r#"plugins."io.containerd.grpc.v1.cri".containerd"#;
-        format!(
-            r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/c.sock"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  restrict_oom_score_adj = true
-  sandbox_image = "{PAUSE}"
-  stream_server_port = "0"
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni/bin"
-    conf_dir = "{d}/cni/conf"
-[{rt}]
-  default_runtime_name = "runc"
-{runtimes}"#,
-            runtimes = self.runtimes(rt)
-        )
-    }
-
-    /// containerd 2.x.
-    pub(crate) fn version3(&self) -> String {
-        let d = self.dir.display();
-        let rt = "plugins.'io.containerd.cri.v1.runtime'.containerd";
-        let shims = self.socket_dir.map_or(String::new(), |s| {
-            format!(
-                "[plugins.'io.containerd.shim.v1.manager']\n  socket_dir = \"{}\"\n",
-                s.display()
-            )
-        });
-        format!(
-            r#"version = 3
-root = "{d}/root"
-state = "{d}/state"
-[grpc]
-  address = "{d}/c.sock"
-[plugins.'io.containerd.internal.v1.opt']
-  path = "{d}/opt"
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_port = "0"
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "{PAUSE}"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  enable_selinux = false
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = ["{d}/cni/bin"]
-  conf_dir = "{d}/cni/conf"
-{shims}[{rt}]
-  default_runtime_name = "runc"
-{runtimes}"#,
-            runtimes = self.runtimes(rt)
-        )
+    /// `ConfigPath`); runc's base runtime spec with the hook when there is one.
+    pub(crate) fn render(&self, version3: bool) -> String {
+        let text = |p: &Path| p.display().to_string();
+        let d = self.dir;
+        let (root, state, address, opt, cni) = (
+            text(&d.join("root")),
+            text(&d.join("state")),
+            text(&d.join("c.sock")),
+            text(&d.join("opt")),
+            text(&d.join("cni")),
+        );
+        let hook = self.runc_hook.map(text).unwrap_or_default();
+        let socket_dir = self.socket_dir.map(text).unwrap_or_default();
+        let configpath = text(self.configpath);
+        let values = [
+            (if version3 { "V3" } else { "V2" }, "1"),
+            ("ROOT", root.as_str()),
+            ("STATE", state.as_str()),
+            ("ADDRESS", address.as_str()),
+            ("OPT", opt.as_str()),
+            ("CNI", cni.as_str()),
+            ("SANDBOX_IMAGE", PAUSE),
+            ("SOCKET_DIR", socket_dir.as_str()),
+            ("RUNC_BASE_SPEC", hook.as_str()),
+            ("CONFIG_PATH", configpath.as_str()),
+            ("RECORD_CONFIG_PATH", RECORDED_CONFIG_PATH),
+        ];
+        templates::render(templates::CONTAINERD, &values).expect("the containerd template renders")
     }
 }
 

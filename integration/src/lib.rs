@@ -25,6 +25,7 @@ mod events;
 mod layout;
 mod lock;
 pub mod remote_hypervisor;
+pub mod templates;
 mod vmm;
 
 pub use artifacts::{bin_dir, images, workspace, BUSYBOX, PAUSE};

@@ -26,40 +26,18 @@ fi
 containerd_pid=""
 setup_containerd() {
   ln -sf "${bin}/containerd-shim-kata-topo-v2" "${run}/bin/containerd-shim-kata-topo-v2" || return 1
-  # The wrapper on the live machine: no topology_xml, the real /sys.
-  cat > "${run}/kata-topo.toml" <<EOF
-[topology_guard]
-delegate_shim = "containerd-shim-runc-v2"
-mode = "audit"
-default_policy = "restricted"
-sysfs_root = "/sys"
-state_dir = "${state}"
-log_file = "${log}"
-metrics_dir = "${metrics}"
-topology_refresh_seconds = 2
-EOF
+  # The wrapper on the live machine: no topology_xml, the real /sys. Both files from the
+  # templates the integration tests use (integration/templates/).
+  local templates=${ws}/integration/templates
+  "${templates}/render.sh" "${templates}/topology-guard.toml" \
+    DELEGATE=containerd-shim-runc-v2 MODE=audit POLICY=restricted SYSFS=/sys \
+    STATE_DIR="${state}" LOG_FILE="${log}" METRICS_DIR="${metrics}" REFRESH_SECONDS=2 \
+    > "${run}/kata-topo.toml" || return 1
   # The layout of the integration tests' containerd, at the standard paths of a node.
-  cat > "${run}/containerd.toml" <<EOF
-version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-[grpc]
-  address = "${sock}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/kata-topo/pause:1"
-  stream_server_port = "0"
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "${run}/cni/bin"
-    conf_dir = "${run}/cni/conf"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-topo]
-      runtime_type = "io.containerd.kata-topo.v2"
-      pod_annotations = ["kata-topo.io/*"]
-EOF
+  "${templates}/render.sh" "${templates}/containerd.toml" V2=1 \
+    ROOT=/var/lib/containerd STATE=/run/containerd ADDRESS="${sock}" \
+    SANDBOX_IMAGE=localhost/kata-topo/pause:1 CNI="${run}/cni" \
+    > "${run}/containerd.toml" || return 1
   PATH="${run}/bin:${PATH}" KATA_TOPO_CONFIG="${run}/kata-topo.toml" \
     containerd --config "${run}/containerd.toml" < /dev/null > "${results}/containerd.log" 2>&1 &
   containerd_pid=$!
