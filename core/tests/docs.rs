@@ -1,5 +1,6 @@
 //! The README and `docs/`: every relative link leads to a file that exists and, with a
-//! `#fragment`, to a heading of it; the README stays short enough to read first.
+//! `#fragment`, to a heading of it; the README stays short enough to read first; every file
+//! and folder the code map (`docs/code-map.md`) names exists, and it names every crate.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -183,5 +184,102 @@ fn links_and_anchors_are_read_as_github_reads_them() {
     assert!(
         anchors.contains("a-b-cd") && anchors.contains("a-b-cd-1"),
         "{anchors:?}"
+    );
+}
+
+/// The `code` spans of a document outside fenced blocks.
+fn code_spans(text: &str) -> Vec<String> {
+    let mut spans = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut parts = line.split('`');
+        parts.next();
+        while let (Some(span), Some(_)) = (parts.next(), parts.next()) {
+            spans.push(span.to_string());
+        }
+    }
+    spans
+}
+
+/// The spans that name a path of the repository: they start with one of its top-level
+/// entries (`core/`, `Makefile`, `configuration-kata.toml`, ...) and hold no space.
+fn repository_paths(spans: &[String]) -> Vec<String> {
+    let top: BTreeSet<String> = std::fs::read_dir(root())
+        .expect("the workspace")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.') && n != "target")
+        .collect();
+    spans
+        .iter()
+        .filter(|s| !s.contains(' ') && !s.contains("::"))
+        .filter(|s| {
+            let first = s.split('/').next().unwrap_or_default();
+            top.contains(first) && (s.contains('/') || s.contains('.') || first == "Makefile")
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_code_map_names_files_that_exist_and_every_crate() {
+    let map = std::fs::read_to_string(root().join("docs/code-map.md")).expect("docs/code-map.md");
+    let named = repository_paths(&code_spans(&map));
+    assert!(
+        named.len() > 80,
+        "only {} paths found in docs/code-map.md: is the parser right?",
+        named.len()
+    );
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|p| !root().join(p.trim_end_matches('/')).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/code-map.md names what does not exist (moved? renamed?): {missing:?}"
+    );
+    let manifest =
+        std::fs::read_to_string(root().join("Cargo.toml")).expect("the workspace's Cargo.toml");
+    let members = manifest
+        .split("members = [")
+        .nth(1)
+        .and_then(|m| m.split(']').next())
+        .expect("workspace members");
+    for member in members.split(',').map(|m| m.trim().trim_matches('"')) {
+        if member.is_empty() {
+            continue;
+        }
+        assert!(
+            named.iter().any(|p| p.trim_end_matches('/') == member),
+            "docs/code-map.md does not name the crate `{member}/`"
+        );
+    }
+}
+
+/// The code map's parser: spans in fenced blocks are not read; only repository paths count.
+#[test]
+fn code_spans_and_paths_are_read_as_written() {
+    let text = "`core/src/lib.rs` and `kata-topo.io/policy`, `core/` `Makefile`\n```\n`shim/x`\n```\n`a b/c` `core::check`\n";
+    let spans = code_spans(text);
+    assert_eq!(
+        spans,
+        [
+            "core/src/lib.rs",
+            "kata-topo.io/policy",
+            "core/",
+            "Makefile",
+            "a b/c",
+            "core::check"
+        ]
+    );
+    assert_eq!(
+        repository_paths(&spans),
+        ["core/src/lib.rs", "core/", "Makefile"]
     );
 }

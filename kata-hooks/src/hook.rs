@@ -1,4 +1,4 @@
-//! The hook: read the OCI state on stdin and the spec from the bundle, run the same checks as
+//! The hook: read the OCI state on stdin and the spec from the bundle, run the core's checks as
 //! the wrapper (with the VM view when the state's pid is a VMM), log and publish like the
 //! wrapper, and fail only in enforce mode with an `error` finding — so the runtime refuses the
 //! container. A check that cannot run never blocks a container unless `fail_closed` is set in

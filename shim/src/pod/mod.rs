@@ -1,10 +1,16 @@
-//! The checks one pod's wrapper daemon runs on `Create` and `Update`, as plain methods
-//! testable without a ttrpc connection: a request comes in, an [`Outcome`] goes out; once
-//! the delegate accepted it, [`Pod::commit`] applies what it changed.
+//! One pod as its wrapper daemon keeps it: its configuration, its state ([`store`]), the
+//! readers of what a check needs (the topology, [`host`]; the kubelet's PodResources,
+//! [`pod_resources`]; the API server, [`affinity`]), and the requests it sees — `Create`,
+//! `Update` and `Delete` — as plain methods testable without a ttrpc connection: a request
+//! comes in, the core's phase checks it, an [`Outcome`] goes out; once the delegate accepted
+//! it, [`Pod::commit`] applies what it changed. No rule runs here: the core decides.
 //!
-//! Nothing here waits: not for the topology (loaded off the request path by
-//! [`Pod::spawn_refresher`]), not for a sink (log lines, events, metrics and state go
-//! through queues), not for the VM (looked at later by one timer thread).
+//! What a request may wait for, each bounded: a new daemon's first topology load, when it is
+//! under way ([`FIRST_LOAD_WAIT`], 3 s, once); the kubelet at the pod's first create and a
+//! resize (`kubelet_timeout_ms`); the API server at the sandbox's create, a recreate and a
+//! resize (`api_timeout_ms`). Nothing else: the topology is reloaded off the request path
+//! ([`Pod::spawn_refresher`]), log lines, events, metrics and state go through queues, and the
+//! VM is looked at later by one timer thread.
 
 mod affinity;
 mod announce;
