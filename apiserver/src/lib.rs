@@ -1,5 +1,5 @@
 //! The node's own view from the Kubernetes API server: its Node's labels and its pods' node
-//! affinity, what [`kata_topo_core::affinity`] checks after scheduling.
+//! affinity, what [`kata_topo_core::input::affinity`] checks after scheduling.
 //!
 //! Read with the kubelet's credentials (`kubeconfig`, default `/etc/kubernetes/kubelet.conf`):
 //! the Node authorizer lets a node `get` its own Node object and the pods bound to it, and
@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::affinity::{NodeLabels, PodPlacement};
 use kata_topo_core::config::Config;
+use kata_topo_core::input::affinity::{NodeLabels, PodPlacement};
 
 pub use events::{EventType, PodEvent};
 pub use http::MAX_ANSWER_BYTES;

@@ -55,7 +55,9 @@ fn reads_the_node_and_the_pod() {
     assert_eq!(node.labels.get("zone").map(String::as_str), Some("a"));
     let pod = r.pod.expect("asked").expect("pod");
     assert_eq!(pod.owner.as_ref().expect("owner").kind, "ReplicaSet");
-    assert!(kata_topo_core::affinity::required_matches(&pod, &node));
+    assert!(kata_topo_core::input::affinity::required_matches(
+        &pod, &node
+    ));
     // One connection per GET, each with the node's token.
     assert_eq!(
         server.requests(),

@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kata_topo_core::cache::{Origin, TopologyCache};
 use kata_topo_core::check::{Request, Running};
-use kata_topo_core::kubelet::{
+use kata_topo_core::host::cache::{Origin, TopologyCache};
+use kata_topo_core::input::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, PodAdmission,
 };
 use kata_topo_core::testutil::SysfsTree;

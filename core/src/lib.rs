@@ -24,12 +24,6 @@ pub mod text;
 pub mod vm;
 pub mod wait;
 
-// The paths these modules had before the core was grouped in folders, kept while the crates
-// that use them move to the new ones.
-pub use check::{intent, policy, rule, verdict};
-pub use host::{cache, pci, sysfs};
-pub use input::{affinity, kata, kubelet, spec as request};
-
 /// kata-topo's version and the git revision it was built from, as every binary prints it
 /// (`--version`) and as the topology cache's key includes it.
 pub const VERSION: &str = concat!(

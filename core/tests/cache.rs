@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kata_topo_core::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
+use kata_topo_core::host::cache::{CacheKey, Loaded, Miss, Origin, TopologyCache};
 use kata_topo_core::testutil::SysfsTree;
 use kata_topo_core::{Host, Sysfs, Verdict};
 
@@ -108,7 +108,7 @@ fn cache_files(dir: &Path) -> Vec<String> {
         .expect("list")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| kata_topo_core::cache::is_cache_file(n))
+        .filter(|n| kata_topo_core::host::cache::is_cache_file(n))
         .collect();
     names.sort();
     names

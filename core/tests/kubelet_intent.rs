@@ -2,8 +2,8 @@
 //! kubelet's policy is the default, the pod's annotations apply over it within
 //! `pod_overrides`; and the rules on what the kubelet assigned.
 
-use kata_topo_core::intent::IntentOrigin;
-use kata_topo_core::kubelet::{
+use kata_topo_core::check::intent::IntentOrigin;
+use kata_topo_core::input::kubelet::{
     ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, MemoryAdmission,
     PodAdmission, TopologyScope,
 };

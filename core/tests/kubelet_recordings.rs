@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kata_topo_core::intent::KubeletIntent;
-use kata_topo_core::kubelet::{KubeletSettings, PodAdmission, TopologyScope};
+use kata_topo_core::check::intent::KubeletIntent;
+use kata_topo_core::input::kubelet::{KubeletSettings, PodAdmission, TopologyScope};
 use kata_topo_core::{Host, IdSet, Policy};
 
 const POLICIES: [(&str, Policy); 4] = [

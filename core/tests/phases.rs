@@ -3,7 +3,7 @@
 //! the request, the rules its phase reports, a stale host said, the decision made last.
 
 use kata_topo_core::check::{could_not_run, Unread, Update};
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::testutil::*;
 use kata_topo_core::{
     Checker, ContainerSpec, Decision, Defaults, Mode, Operation, Phase, PodOverrides, Request,

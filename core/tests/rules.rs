@@ -551,8 +551,8 @@ fn restricted_topology_is_seen_whole() {
     assert!(host.pci.len() >= 8);
 }
 
-fn kata(pinning: bool, static_sizing: bool) -> kata_topo_core::kata::KataConfig {
-    kata_topo_core::kata::KataConfig {
+fn kata(pinning: bool, static_sizing: bool) -> kata_topo_core::input::kata::KataConfig {
+    kata_topo_core::input::kata::KataConfig {
         enable_vcpus_pinning: pinning,
         static_sandbox_resource_mgmt: static_sizing,
         default_vcpus: 1.0,
@@ -565,7 +565,7 @@ fn check_with_kata(
     sysfs: Option<&kata_topo_core::Sysfs>,
     spec: &kata_topo_core::ContainerSpec,
     update: Option<&kata_topo_core::Resources>,
-    kata: &kata_topo_core::kata::KataConfig,
+    kata: &kata_topo_core::input::kata::KataConfig,
 ) -> kata_topo_core::Verdict {
     let checker = kata_topo_core::Checker::new(host, sysfs, defaults());
     let req = kata_topo_core::Request {
@@ -635,7 +635,7 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
     let host = host(DGX2);
     let tree = dgx2_tree();
     let sysfs = tree.sysfs();
-    let numa = |mapping: &[&str]| kata_topo_core::kata::KataConfig {
+    let numa = |mapping: &[&str]| kata_topo_core::input::kata::KataConfig {
         enable_numa: true,
         numa_mapping: mapping.iter().map(|m| m.parse().expect("set")).collect(),
         ..Default::default()
@@ -658,7 +658,7 @@ fn guest_numa_uncovered_when_the_device_node_is_not_mapped() {
         vec![]
     );
     // NUMA mode off: the mapping means nothing.
-    let off = kata_topo_core::kata::KataConfig {
+    let off = kata_topo_core::input::kata::KataConfig {
         enable_numa: false,
         ..numa(&["0"])
     };
@@ -711,7 +711,7 @@ fn every_rule_message_is_one_clean_line() {
     let tree = dgx2_tree();
     let sysfs = tree.sysfs();
     let pinning = kata(true, false);
-    let numa = kata_topo_core::kata::KataConfig {
+    let numa = kata_topo_core::input::kata::KataConfig {
         enable_numa: true,
         numa_mapping: vec!["0".parse().expect("set")],
         ..Default::default()
@@ -801,7 +801,7 @@ fn every_rule_message_is_one_clean_line() {
         .expect("move");
     verdicts.push(recreate(&vfs, Some(&moving.sysfs()), &s, &baseline));
     // kubelet-cpus-mismatch, kubelet-device-mismatch (both kinds), kubelet-intent-unavailable.
-    use kata_topo_core::kubelet::{
+    use kata_topo_core::input::kubelet::{
         ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView, PodAdmission,
     };
     let device = |id: &str, node: &str| DeviceAdmission {
@@ -839,7 +839,7 @@ fn every_rule_message_is_one_clean_line() {
     // node-affinity-violated, node-labels-changed (a preferred term lost and a required label
     // changed), node-labels-unavailable.
     {
-        use kata_topo_core::affinity::{NodeLabels, NodeView, PodPlacement};
+        use kata_topo_core::input::affinity::{NodeLabels, NodeView, PodPlacement};
         let pod = PodPlacement::from_json(
             br#"{"kind":"Pod","metadata":{"namespace":"ml","name":"gpu-pod",
                 "ownerReferences":[{"kind":"StatefulSet","name":"gpu","controller":true}]},

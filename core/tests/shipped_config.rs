@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use kata_topo_core::config::Config;
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::{Mode, Policy};
 
 fn shipped() -> PathBuf {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kata_topo_core::sysfs::SysfsError;
+use kata_topo_core::host::sysfs::SysfsError;
 use kata_topo_core::{Bdf, Sysfs};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;

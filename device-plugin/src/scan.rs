@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kata_topo_core::sysfs::{SysfsError, VfioRef};
+use kata_topo_core::host::sysfs::{SysfsError, VfioRef};
 use kata_topo_core::{Bdf, Sysfs};
 use serde::Serialize;
 

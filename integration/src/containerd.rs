@@ -450,7 +450,7 @@ impl Containerd {
             if let Ok(entries) = std::fs::read_dir(&self.state_dir) {
                 // The node-wide topology cache is the node's, not a pod's.
                 for e in entries.flatten().filter(|e| {
-                    !kata_topo_core::cache::is_cache_file(&e.file_name().to_string_lossy())
+                    !kata_topo_core::host::cache::is_cache_file(&e.file_name().to_string_lossy())
                 }) {
                     left.push(format!("state {}", e.path().display()));
                 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kata_topo_core::check::{could_not_run, Request, Unread};
 use kata_topo_core::config::Config;
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::state::GroupState;
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::wait::{run_within, Progress};
@@ -233,7 +233,7 @@ fn check(
     progress.set("reading the pod's baselines");
     if state.status == "stopped" {
         // poststop: when the sandbox goes, so do its baselines.
-        if spec.kind == kata_topo_core::request::ContainerKind::Sandbox {
+        if spec.kind == kata_topo_core::input::spec::ContainerKind::Sandbox {
             if let Some(s) = store(config, &state.bundle, &group) {
                 let _ = s.remove_all();
             }
@@ -241,7 +241,7 @@ fn check(
         return Ok(None);
     }
     // The live machine through the node-wide cache: a discovery only when the machine changed.
-    let host = kata_topo_core::cache::load_reporting(config, progress)
+    let host = kata_topo_core::host::cache::load_reporting(config, progress)
         .map(|loaded| loaded.host)
         .map_err(|e| (Some(Box::new(spec.clone())), e.to_string()))?;
     let sysfs = Sysfs::new(&config.sysfs_root);

@@ -30,7 +30,7 @@ pub mod grpc;
 
 use std::path::Path;
 
-use kata_topo_core::kubelet::{
+use kata_topo_core::input::kubelet::{
     kubelet_id, kubelet_ids, ContainerAdmission, DeviceAdmission, KubeletSettings, KubeletView,
     MemoryAdmission, PodAdmission,
 };
@@ -46,9 +46,9 @@ pub use grpc::MAX_MESSAGE_BYTES;
 /// come here.
 pub fn intent_for(
     config: &kata_topo_core::config::Config,
-    pod: &kata_topo_core::verdict::PodRef,
+    pod: &kata_topo_core::check::verdict::PodRef,
 ) -> Option<KubeletView> {
-    use kata_topo_core::kubelet::IntentSource;
+    use kata_topo_core::input::kubelet::IntentSource;
     let client = client_for(config);
     match config.intent_source {
         IntentSource::Annotations => return None,

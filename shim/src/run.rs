@@ -7,7 +7,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
 use crate::args::{Action, Args};

@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo_apiserver::{ApiClient, ApiError, EventType, PodEvent, Setup};
-use kata_topo_core::rule::{Rule, Severity};
+use kata_topo_core::check::rule::{Rule, Severity};
 use kata_topo_core::{Decision, Operation, UpdateClass, Verdict};
 use slog::Logger;
 

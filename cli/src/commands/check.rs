@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kata_topo_core::affinity::{NodeLabels, NodeView, PodPlacement};
 use kata_topo_core::check::{Request, Running};
 use kata_topo_core::files;
-use kata_topo_core::kata::KataConfig;
-use kata_topo_core::kubelet::KubeletSettings;
-use kata_topo_core::request::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
+use kata_topo_core::input::affinity::{NodeLabels, NodeView, PodPlacement};
+use kata_topo_core::input::kata::KataConfig;
+use kata_topo_core::input::kubelet::KubeletSettings;
+use kata_topo_core::input::spec::{RequestError, MAX_RESOURCES_BYTES, MAX_SPEC_BYTES};
 use kata_topo_core::vm::VmView;
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Defaults, Mode, PodOverrides, Policy, Resources, Verdict,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use kata_topo_core::config::Config;
-use kata_topo_core::kubelet::{KubeletSettings, KubeletView, PodAdmission};
+use kata_topo_core::input::kubelet::{KubeletSettings, KubeletView, PodAdmission};
 use kata_topo_kubelet::PodResourcesClient;
 use serde_json::json;
 

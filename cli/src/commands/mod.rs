@@ -48,9 +48,9 @@ impl HostArgs {
         let budget = Duration::from_secs(self.timeout);
         let progress = Progress::new(match &source {
             TopologySource::Xml(path) => format!("loading {}", path.display()),
-            TopologySource::Live => {
-                kata_topo_core::cache::discovering(&kata_topo_core::cache::this_machine_root())
-            }
+            TopologySource::Live => kata_topo_core::host::cache::discovering(
+                &kata_topo_core::host::cache::this_machine_root(),
+            ),
         });
         let mut say = |step: &str| {
             let _ = writeln!(

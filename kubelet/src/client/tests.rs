@@ -258,7 +258,7 @@ fn refuses_what_is_not_the_owners_socket() {
 
 #[test]
 fn asking_gives_the_admission_or_why_not() {
-    use kata_topo_core::kubelet::{KubeletView, TopologyScope};
+    use kata_topo_core::input::kubelet::{KubeletView, TopologyScope};
     let kubelet = FakeKubelet::start(Behaviour::Answer(get_answer(), Duration::ZERO));
     let config = kubelet.dir().join("config.yaml");
     std::fs::write(

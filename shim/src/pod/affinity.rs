@@ -3,7 +3,7 @@
 //! keeps the node's labels as the **label baseline**, with the pod's nodeSelector and node
 //! affinity (they cannot change once the pod is bound); at each resize (`resize` or `mixed`
 //! update) and each recreate it reads the node again and checks the pod against it
-//! ([`kata_topo_core::affinity`]).
+//! ([`kata_topo_core::input::affinity`]).
 //!
 //! One read per such request, never per forwarded call, all of it within `api_timeout_ms`.
 //! A cpuset push of the CPU manager's reconcile loop — sent to every shared-pool container
@@ -17,9 +17,9 @@
 use std::sync::{Arc, Mutex};
 
 use kata_topo_apiserver::{ApiError, Setup};
-use kata_topo_core::affinity::{LabelBaseline, NodeView};
+use kata_topo_core::check::verdict::PodRef;
 use kata_topo_core::config::Config;
-use kata_topo_core::verdict::PodRef;
+use kata_topo_core::input::affinity::{LabelBaseline, NodeView};
 
 /// What one read gave: the view the core checks, and the baseline to keep when it was the
 /// first.

@@ -6,7 +6,7 @@
 //! failed reload keeps the previous topology and says so in every verdict until a reload
 //! succeeds.
 //!
-//! The live machine goes through the node-wide cache ([`kata_topo_core::cache`]): the first load
+//! The live machine goes through the node-wide cache ([`kata_topo_core::host::cache`]): the first load
 //! takes the cached XML when it matches the machine's key, and a refresh only reads the key
 //! again — the topology is loaded anew (from the cache, or discovered) when the key changed,
 //! so `topology-drift` follows the machine without a discovery every period.
@@ -15,7 +15,7 @@ use std::panic::catch_unwind;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use kata_topo_core::cache::{CacheKey, Loaded, Origin, TopologyCache};
+use kata_topo_core::host::cache::{CacheKey, Loaded, Origin, TopologyCache};
 use kata_topo_core::host::HostError;
 use kata_topo_core::wait::Gate;
 use kata_topo_core::{Host, TopologySource};

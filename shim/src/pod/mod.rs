@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use kata_topo_core::check::{could_not_run, Phase, Request, Running, Unread, Update};
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
+use kata_topo_core::input::spec::ContainerKind;
 use kata_topo_core::process::ProcessId;
-use kata_topo_core::request::ContainerKind;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
@@ -42,7 +42,7 @@ use slog::Logger;
 use crate::error::ShimError;
 use affinity::NodeAffinity;
 use announce::Announcer;
-use kata_topo_core::affinity::NodeView;
+use kata_topo_core::input::affinity::NodeView;
 use pod_resources::KubeletIntents;
 use retries::{Reads, Retries, RETRY_WINDOW};
 
@@ -192,7 +192,7 @@ impl Pod {
             origin: (file, source),
             host: CurrentHost::new(
                 config.topology_source(),
-                kata_topo_core::cache::TopologyCache::from_config(&config),
+                kata_topo_core::host::cache::TopologyCache::from_config(&config),
             ),
             sysfs: Sysfs::new(&config.sysfs_root),
             affinity: NodeAffinity::new(api, &config, store.label_baseline()),
@@ -290,7 +290,7 @@ impl Pod {
         &'a self,
         task_id: &'a str,
         spec: &'a ContainerSpec,
-        kubelet: Option<&'a kata_topo_core::kubelet::KubeletView>,
+        kubelet: Option<&'a kata_topo_core::input::kubelet::KubeletView>,
     ) -> Request<'a> {
         Request {
             container_id: Some(task_id),
@@ -494,7 +494,7 @@ impl Pod {
     /// What the API server says about the pod's node now (one read, within
     /// `api_timeout_ms`), for the core to check the pod's node affinity against; keeps the
     /// label baseline a first read gives. `None` when the check is off.
-    fn node_view(&self, pod: &kata_topo_core::verdict::PodRef) -> Option<NodeView> {
+    fn node_view(&self, pod: &kata_topo_core::check::verdict::PodRef) -> Option<NodeView> {
         let read = catch_unwind(AssertUnwindSafe(|| self.affinity.read(pod))).ok()?;
         if let Some(b) = read.new_baseline {
             self.store.save_label_baseline(b);
@@ -1443,7 +1443,7 @@ mod tests {
         );
         // The label baseline is in the pod's state, for a daemon started again.
         assert!(p.pod.flush_state(Instant::now() + Duration::from_secs(10)));
-        let kept: kata_topo_core::affinity::LabelBaseline = serde_json::from_slice(
+        let kept: kata_topo_core::input::affinity::LabelBaseline = serde_json::from_slice(
             &std::fs::read(p.pod.state_dir().join("node-labels.json")).expect("kept"),
         )
         .expect("baseline");

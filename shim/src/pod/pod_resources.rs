@@ -16,9 +16,9 @@
 
 use std::sync::{Arc, Mutex};
 
+use kata_topo_core::check::verdict::PodRef;
 use kata_topo_core::config::Config;
-use kata_topo_core::kubelet::{IntentSource, KubeletView};
-use kata_topo_core::verdict::PodRef;
+use kata_topo_core::input::kubelet::{IntentSource, KubeletView};
 
 /// The kubelet's answer for one pod, kept between requests.
 #[derive(Debug)]

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kata_topo_core::affinity::NodeView;
-use kata_topo_core::kubelet::KubeletView;
+use kata_topo_core::input::affinity::NodeView;
+use kata_topo_core::input::kubelet::KubeletView;
 
 /// How long a resize's reads answer its retries: the kubelet retries about once a second, so
 /// a pending resize asks the kubelet and the API server once in ten seconds instead of ten

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kata_topo_core::request::RequestError;
+use kata_topo_core::input::spec::RequestError;
 use kata_topo_core::ContainerSpec;
 
 /// The cache.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use std::sync::Mutex;
 
-use kata_topo_core::affinity::LabelBaseline;
+use kata_topo_core::input::affinity::LabelBaseline;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
 use kata_topo_core::{Baseline, Verdict};
 use kata_topo_sinks::Persist;
@@ -154,8 +154,8 @@ impl PodStore {
     /// the first time is recorded with when (for `kata-topo diagnose`).
     pub(crate) fn observe_labels(
         &self,
-        then: &kata_topo_core::affinity::Labels,
-        now: &kata_topo_core::affinity::Labels,
+        then: &kata_topo_core::input::affinity::Labels,
+        now: &kata_topo_core::input::affinity::Labels,
     ) {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kata_topo_core::config::{Config, ConfigSource, Resolved};
-use kata_topo_core::kata::KataConfig;
+use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::testutil::SysfsTree;
 use kata_topo_sinks::{Drops, Events, Log, Metrics};
 
