@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo_apiserver::{ApiClient, ApiError, EventType, PodEvent, Setup};
 use kata_topo_core::check::rule::{Rule, Severity};
+use kata_topo_core::config::Config;
 use kata_topo_core::{Decision, Operation, UpdateClass, Verdict};
 use slog::Logger;
 
@@ -369,9 +370,16 @@ impl Fold {
     }
 }
 
+/// Where the writer writes: the API server, or, while the kubeconfig cannot be used (caught
+/// mid-rotation, a file another user may write), the configuration to set it up from again.
+#[derive(Clone)]
+enum Target {
+    Client { client: ApiClient, node: String },
+    Retry(Box<Config>),
+}
+
 struct Writer {
-    client: ApiClient,
-    node: String,
+    target: Target,
     log: Logger,
     drops: Arc<Drops>,
 }
@@ -394,19 +402,21 @@ impl PodEvents {
         Self(None)
     }
 
-    /// Events to the API server `setup` names (the node-affinity check's); off when it is off
-    /// or cannot be used.
-    pub fn start(setup: &Setup, log: Logger, drops: Arc<Drops>) -> Self {
-        let Setup::On { client, node } = setup else {
-            return Self::off();
-        };
-        Self(Some(Arc::new((
-            Writer {
+    /// Events to the API server `setup` names (the node-affinity check's, as `config` sets it
+    /// up); off without a kubeconfig. A kubeconfig that cannot be used yet is set up again by
+    /// the writer at each Event until it can (never on the request path); the Events meanwhile
+    /// are dropped and counted.
+    pub fn start(setup: &Setup, config: &Config, log: Logger, drops: Arc<Drops>) -> Self {
+        let target = match setup {
+            Setup::Off(_) => return Self::off(),
+            Setup::On { client, node } => Target::Client {
                 client: client.with_timeout(WRITE_TIMEOUT),
                 node: node.clone(),
-                log,
-                drops,
             },
+            Setup::Broken(_) => Target::Retry(Box::new(config.clone())),
+        };
+        Self(Some(Arc::new((
+            Writer { target, log, drops },
             OnceLock::new(),
         ))))
     }
@@ -415,7 +425,7 @@ impl PodEvents {
     pub fn describe(setup: &Setup) -> String {
         match setup {
             Setup::Off(why) => format!("off: {why}"),
-            Setup::Broken(e) => format!("off: {e}"),
+            Setup::Broken(e) => format!("on once the kubeconfig can be used: {e}"),
             Setup::On { node, .. } => {
                 format!("on: as node {node} to the API server of the kubeconfig, repeats folded")
             }
@@ -448,14 +458,45 @@ impl PodEvents {
 }
 
 fn start_writer(w: &Writer) -> Lane<Occurrence> {
-    let (client, log, drops) = (w.client.clone(), w.log.clone(), w.drops.clone());
-    let mut fold = Fold::new(&w.node);
+    let (mut target, log, drops) = (w.target.clone(), w.log.clone(), w.drops.clone());
+    let mut fold: Option<Fold> = None;
     Lane::start_timed(
         "kube-events",
         QUEUE,
         Sink::KubeEvents,
         w.drops.clone(),
         move |item: Option<Occurrence>| {
+            if let Target::Retry(config) = &target {
+                match kata_topo_apiserver::setup(config) {
+                    Setup::On { client, node } => {
+                        target = Target::Client {
+                            client: client.with_timeout(WRITE_TIMEOUT),
+                            node,
+                        };
+                    }
+                    Setup::Off(why) => {
+                        if let Some(o) = &item {
+                            drops.add(Sink::KubeEvents, 1);
+                            slog::warn!(log, "cannot write the pod's Event: the kubeconfig is gone";
+                                "event" => "pod-event-failed", "reason" => &o.reason, "error" => why);
+                        }
+                        return None;
+                    }
+                    Setup::Broken(e) => {
+                        if let Some(o) = &item {
+                            drops.add(Sink::KubeEvents, 1);
+                            slog::warn!(log, "cannot write the pod's Event: the kubeconfig cannot be used";
+                                "event" => "pod-event-failed", "reason" => &o.reason,
+                                "error" => e.to_string());
+                        }
+                        return None;
+                    }
+                }
+            }
+            let Target::Client { client, node } = &target else {
+                return None;
+            };
+            let fold = fold.get_or_insert_with(|| Fold::new(node));
             if let Some(o) = item {
                 if fold.occur(o.clone(), Instant::now(), SystemTime::now()) == Err(Limited) {
                     drops.add(Sink::KubeEvents, 1);

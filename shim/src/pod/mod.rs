@@ -185,7 +185,7 @@ impl Pod {
         // One API server set-up for the affinity check and the pod's Events.
         let api = kata_topo_apiserver::setup(&config);
         let pod_events = (
-            PodEvents::start(&api, sinks.log.clone(), sinks.drops.clone()),
+            PodEvents::start(&api, &config, sinks.log.clone(), sinks.drops.clone()),
             PodEvents::describe(&api),
         );
         let checks = Arc::new(Self {
@@ -1675,6 +1675,60 @@ mod tests {
             2,
             "the pod and its node, once the kubeconfig is fixed"
         );
+    }
+
+    /// The pod's Events with a kubeconfig that cannot be used when the daemon starts: those
+    /// announced meanwhile are dropped, counted and logged; once it is fixed the writer sets it
+    /// up again (off the request path) and writes them.
+    #[test]
+    fn a_kubeconfig_broken_at_the_start_writes_events_once_fixed() {
+        use std::os::unix::fs::PermissionsExt;
+        let api = ApiServer::start();
+        let kubeconfig = api.server.kubeconfig();
+        let mode = |m| {
+            std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(m))
+                .expect("chmod")
+        };
+        mode(0o666);
+        let p = pod_configured("audit", None, true, &api.config(), false);
+        assert!(p
+            .pod
+            .pod_events
+            .1
+            .starts_with("on once the kubeconfig can be used: "));
+        assert!(matches!(p.create_sandbox(), Outcome::Forward(_)));
+        p.create();
+        let flush = || {
+            assert!(p
+                .pod
+                .pod_events
+                .0
+                .flush(Instant::now() + Duration::from_secs(30)))
+        };
+        // Across to node 0: two errors, two Events, not written.
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"0"}}"#),
+            Outcome::Forward(_)
+        ));
+        flush();
+        assert!(api.events().is_empty());
+        assert_eq!(p.pod.sinks.drops.get(kata_topo_sinks::Sink::KubeEvents), 2);
+        assert!(p.lines().iter().any(|l| l["event"] == "pod-event-failed"
+            && l["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("written by others"))));
+        mode(0o600);
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"1"}}"#),
+            Outcome::Forward(_)
+        ));
+        assert!(matches!(
+            p.update(r#"{"cpu":{"cpus":"0"}}"#),
+            Outcome::Forward(_)
+        ));
+        flush();
+        let reasons: Vec<_> = api.events().iter().map(|e| e["reason"].clone()).collect();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
     }
 
     /// An API server that accepts and never answers costs a resize the timeout and a
