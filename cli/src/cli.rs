@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use kata_topo_core::text::printable;
 use kata_topo_core::VERSION;
 
-use crate::commands::{check, events, intent, status, topology, vm};
+use crate::commands::{check, diagnose, events, intent, status, topology, vm};
 use crate::out::StdoutGone;
 
 /// kata-topo: keep Kata pods on the NUMA and VFIO topology they were admitted with.
@@ -42,6 +42,10 @@ enum Command {
     /// What the kubelet admitted for a pod (PodResources) and where its intent comes from;
     /// exit 1 when the kubelet gives none.
     Intent(intent::IntentArgs),
+    /// For one pod on this node: have its node's labels changed since admission, does its
+    /// node affinity hold, does its topology binding hold — each with its evidence. Exit 0
+    /// all hold, 1 a finding, 2 cannot tell.
+    Diagnose(diagnose::DiagnoseArgs),
 }
 
 /// Parses arguments and runs; maps errors to exit code 2 with one line on stderr.
@@ -65,6 +69,7 @@ pub(crate) fn run() -> ExitCode {
         Command::Status(args) => status::status(&args),
         Command::Events(args) => events::events(&args),
         Command::Intent(args) => intent::intent(&args),
+        Command::Diagnose(args) => diagnose::diagnose(&args),
     };
     match result {
         Ok(code) => code,

@@ -1183,3 +1183,58 @@ fn node_affinity_offline_from_a_recorded_node_and_pod() {
     // --node-labels without --pod-spec is bad usage.
     assert_eq!(code(&kata_topo(&["check", "--node-labels", s(&node)])), 2);
 }
+
+/// `kata-topo diagnose` of a pod it holds no state for: one line, exit 2, and the same as JSON;
+/// `--enter-host` run as `nobody` cannot enter PID 1's namespaces and says why (entering them
+/// runs in `make k8s-test`, from the installer's pod: the test machine's own PID 1 may be out of
+/// reach even of root); a pod that is not NAMESPACE/NAME is bad usage. Needs root.
+#[test]
+fn diagnose_of_a_pod_without_state_is_one_line_and_enter_host_needs_root() {
+    assert!(
+        std::fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t"))),
+        "this test needs root (to enter PID 1's namespaces)"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let args = ["diagnose", "ml/web", "--state-dir", s(dir.path())];
+        let out = kata_topo(&args);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            text.starts_with(
+                "pod ml/web: cannot tell: kata-topo holds no state for it on this node"
+            ),
+            "{text}"
+        );
+        let json = stdout_json(&kata_topo(&[&args[..], &["--json"]].concat()));
+        assert_eq!(json["schema"], "kata-topo.io/diagnose/v1");
+        assert_eq!(json["status"], "unknown");
+        assert_eq!(
+            json["pod"],
+            serde_json::json!({"namespace": "ml", "name": "web"})
+        );
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_kata-topo"))
+        .args(["diagnose", "--enter-host", "ml/web"])
+        .output()
+        .expect("setpriv");
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("/proc/1/ns/mnt (--enter-host needs root with CAP_SYS_ADMIN"),
+        "{}",
+        stderr(&out)
+    );
+    for bad in ["web", "ml/", "/web", "ml/web/x"] {
+        let out = kata_topo(&["diagnose", bad]);
+        assert_eq!(code(&out), 2, "{bad}");
+        assert!(
+            stderr(&out).contains("the pod must be NAMESPACE/NAME"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -2,7 +2,8 @@
 //! stand-in API server over HTTPS (`kata_topo_apiserver::fake`, a CA made for the test: no
 //! API server runs here; `make k8s-test` has the real one): what is posted, the count of a
 //! repeat, one Event for a refusal the kubelet retries, drops counted, and an API server that
-//! never answers costing the requests nothing.
+//! never answers costing the requests nothing; and `kata-topo diagnose` on the real wrapper's
+//! state.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -208,6 +209,49 @@ fn findings_are_events_on_the_pod_and_repeats_patch_their_count() {
     assert!(
         text.contains("  pod events: on: as node worker-1"),
         "{text}"
+    );
+    // kata-topo diagnose on the real wrapper's state: the crossing pod's binding does not
+    // hold (exit 1); the refused pod's does, on a node whose labels never moved (exit 0); a
+    // pod no wrapper of this node runs cannot be told, in one line (exit 2).
+    let diagnose = |pod: &str| {
+        let out = Command::new(bin_dir().join("kata-topo"))
+            .args(["diagnose", pod, "--json", "--state-dir"])
+            .arg(&c.state_dir)
+            .output()
+            .expect("diagnose");
+        let json: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        (out.status.code(), json)
+    };
+    let (code, d) = diagnose("ml/trainer");
+    assert_eq!(code, Some(1), "{d:#}");
+    assert_eq!(
+        (
+            &d["node_labels"]["status"],
+            &d["affinity"]["status"],
+            &d["topology"]["status"]
+        ),
+        (&json!("ok"), &json!("ok"), &json!("finding")),
+        "{d:#}"
+    );
+    assert_eq!(
+        d["topology"]["containers"][0]["placement"]["cpus"], "0-1",
+        "{d:#}"
+    );
+    assert_eq!(d["pod"]["uid"], "uid-trainer");
+    let (code, d) = diagnose("ml/refused");
+    assert_eq!(code, Some(0), "{d:#}");
+    assert_eq!(
+        d["topology"]["containers"][0]["placement"]["cpus"], "1",
+        "{d:#}"
+    );
+    let (code, d) = diagnose("ml/not-here");
+    assert_eq!(code, Some(2), "{d:#}");
+    assert!(
+        d["why"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("kata-topo holds no state for it")),
+        "{d:#}"
     );
     cri.remove_pod(&strict);
     cri.remove_pod(&pod);

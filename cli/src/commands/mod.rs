@@ -6,6 +6,7 @@
 //! naming the file and what it is.
 
 pub(crate) mod check;
+pub(crate) mod diagnose;
 pub(crate) mod events;
 pub(crate) mod intent;
 pub(crate) mod status;
