@@ -11,9 +11,15 @@ const FILES: &[&str] = &[
     "protos/containerd/api/services/ttrpc/events/v1/events.proto",
     "protos/containerd/api/types/runtimeoptions/v1/api.proto",
     "protos/ttrpc/request.proto",
+    "protos/nri/pkg/api/api.proto",
 ];
 
-const INCLUDES: &[&str] = &["protos/containerd/api", "protos/ttrpc", "protos/googleapis"];
+const INCLUDES: &[&str] = &[
+    "protos/containerd/api",
+    "protos/ttrpc",
+    "protos/googleapis",
+    "protos/nri",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=protos");

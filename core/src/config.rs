@@ -181,6 +181,24 @@ pub struct Config {
     /// The longest the API server reads of one request may take, in milliseconds.
     #[serde(default = "default_api_timeout")]
     pub api_timeout_ms: u64,
+    /// NRI's socket, where `kata-topo-nri` connects (the wrapper and the hook ignore it).
+    #[serde(default = "default_nri_socket")]
+    pub nri_socket: PathBuf,
+    /// The runtime handlers whose pods `kata-topo-nri` checks; empty (the default): all.
+    #[serde(default)]
+    pub nri_runtime_handlers: Vec<String>,
+    /// `kata-topo-nri`'s plugin index: two digits; NRI calls plugins in ascending order.
+    #[serde(default = "default_nri_plugin_index")]
+    pub nri_plugin_index: String,
+}
+
+fn default_nri_socket() -> PathBuf {
+    PathBuf::from("/var/run/nri/nri.sock")
+}
+/// Late among the plugins: the NRI plugins that place containers (topology-aware,
+/// balloons) conventionally take low indices.
+fn default_nri_plugin_index() -> String {
+    "90".to_string()
 }
 
 fn default_true() -> bool {
@@ -211,6 +229,9 @@ impl Default for Config {
             kubeconfig: default_kubeconfig(),
             node_name: None,
             api_timeout_ms: default_api_timeout(),
+            nri_socket: default_nri_socket(),
+            nri_runtime_handlers: Vec::new(),
+            nri_plugin_index: default_nri_plugin_index(),
         }
     }
 }
@@ -260,6 +281,7 @@ impl Config {
             ("kubelet_config", Some(&self.kubelet_config)),
             ("kubelet_config_dir", self.kubelet_config_dir.as_ref()),
             ("kubeconfig", self.kubeconfig.as_ref()),
+            ("nri_socket", Some(&self.nri_socket)),
         ] {
             if let Some(p) = p {
                 if !p.is_absolute() {
@@ -289,6 +311,21 @@ impl Config {
                     "must be between 1 and {MAX_API_TIMEOUT_MS}, not {}",
                     self.api_timeout_ms
                 ),
+            ));
+        }
+        let index = &self.nri_plugin_index;
+        if index.len() != 2 || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid(
+                "nri_plugin_index",
+                &format!("must be two digits (00 to 99), not {index:?}"),
+            ));
+        }
+        if let Some(h) = self.nri_runtime_handlers.iter().find(|h| {
+            h.is_empty() || h.len() > 253 || h.chars().any(|c| c.is_whitespace() || c.is_control())
+        }) {
+            return Err(invalid(
+                "nri_runtime_handlers",
+                &format!("must list runtime handler names, not {h:?}"),
             ));
         }
         if let Some(n) = &self.node_name {
@@ -480,6 +517,9 @@ kubelet_timeout_ms = 40
 kubeconfig = "/etc/kata-topo/node.kubeconfig"
 node_name = "worker-7.example"
 api_timeout_ms = 250
+nri_socket = "/run/nri/nri.sock"
+nri_runtime_handlers = ["kata", "kata-qemu"]
+nri_plugin_index = "05"
 "#,
         )
         .expect("valid");
@@ -520,6 +560,9 @@ api_timeout_ms = 250
         );
         assert_eq!(c.node_name.as_deref(), Some("worker-7.example"));
         assert_eq!(c.api_timeout_ms, 250);
+        assert_eq!(c.nri_socket, Path::new("/run/nri/nri.sock"));
+        assert_eq!(c.nri_runtime_handlers, ["kata", "kata-qemu"]);
+        assert_eq!(c.nri_plugin_index, "05");
         // An empty kubeconfig switches the affinity check off.
         let off = parse("[topology_guard]\nkubeconfig = \"\"\nkubelet_config_dir = \"\"\n")
             .expect("valid");
@@ -551,10 +594,23 @@ api_timeout_ms = 250
         );
         assert_eq!(c.node_name, None);
         assert_eq!(c.api_timeout_ms, 500);
+        assert_eq!(c.nri_socket, Path::new("/var/run/nri/nri.sock"));
+        assert!(c.nri_runtime_handlers.is_empty());
+        assert_eq!(c.nri_plugin_index, "90");
     }
 
     #[test]
     fn errors_name_the_key() {
+        for bad in [
+            "nri_plugin_index = \"7\"",
+            "nri_plugin_index = \"a1\"",
+            "nri_runtime_handlers = [\"\"]",
+            "nri_socket = \"nri.sock\"",
+        ] {
+            let e = parse(&format!("[topology_guard]\n{bad}\n")).expect_err(bad);
+            let key = bad.split(' ').next().unwrap_or_default();
+            assert!(e.to_string().contains(key), "{bad}: {e}");
+        }
         let e = parse("[topology_guard]\nmood = \"audit\"\n").expect_err("unknown key");
         assert!(e.to_string().contains("mood"), "{e}");
         let e = parse("[topology_guard]\nmode = \"loud\"\n").expect_err("bad value");

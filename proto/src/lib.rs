@@ -9,6 +9,7 @@
 //! - [`containerd::services::events::ttrpc::v1`] and [`containerd::types`]: `ForwardRequest`
 //!   and its `Envelope`, for publishing events;
 //! - [`runtimeoptions::v1`]: `Options`, the runtime options CRI passes a non-runc shim;
+//! - [`nri::pkg::api::v1alpha1`]: NRI's messages (containerd/nri v0.12.0), for `kata-topo-nri`;
 //! - [`ttrpc`] and [`google::rpc`]: the ttrpc `Request`, `Response`, `KeyValue` and the
 //!   status they carry.
 //!

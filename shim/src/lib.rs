@@ -1,11 +1,12 @@
 //! The wrapper shim: containerd's command line, the `start` and `delete` actions, the per-pod
 //! daemon with its frame-level ttrpc proxy, and the checks it runs. The binary
-//! `containerd-shim-kata-topo-v2` is a thin `main` over [`real_main`]; nothing else depends on
-//! this crate but the integration tests, through the feature `testing` (the hook and the CLI
-//! share the core and the sinks library instead).
+//! `containerd-shim-kata-topo-v2` is a thin `main` over [`real_main`]. The NRI front end
+//! (`kata-topo-nri`) runs the same pods' checks through [`checks`]; the integration tests use
+//! the feature `testing` (the hook and the CLI share the core and the sinks library instead).
 
 mod args;
 mod bundle;
+pub mod checks;
 mod daemon;
 mod delegate;
 mod delete;

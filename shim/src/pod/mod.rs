@@ -341,13 +341,25 @@ impl Pod {
     /// recreate of a container name the sandbox already ran (checked against its baseline).
     pub(crate) fn on_create(&self, task_id: &str, bundle: &Path) -> Outcome {
         let started = Instant::now();
-        let spec = match self.specs.fresh(bundle) {
-            Ok(s) => s,
+        match self.specs.fresh(bundle) {
+            Ok(spec) => self.on_create_spec(task_id, bundle, spec, started),
             Err(e) => {
                 let v = self.unread(Operation::Create, task_id, &e.to_string());
-                return self.finish(task_id, v, started, None);
+                self.finish(task_id, v, started, None)
             }
-        };
+        }
+    }
+
+    /// A create whose spec is already read (the NRI front end gets it in the request, the
+    /// wrapper from the bundle); `bundle` is where [`SpecCache`] keeps it.
+    pub(crate) fn on_create_spec(
+        &self,
+        task_id: &str,
+        bundle: &Path,
+        spec: Arc<ContainerSpec>,
+        started: Instant,
+    ) -> Outcome {
+        self.specs.put(bundle, Arc::clone(&spec));
         let sandbox = spec.kind == ContainerKind::Sandbox;
         let name = spec.container_name.clone();
         slog::debug!(self.sinks.log, "create request"; "event" => "create-request",
@@ -399,6 +411,50 @@ impl Pod {
             baseline,
         };
         self.finish(task_id, verdict, started, Some(accept))
+    }
+
+    /// A task that runs already, as a restarted front end learns of it (NRI's
+    /// `Synchronize`): remembered with the resources it runs with and, when its container
+    /// name has no baseline yet, that baseline recorded from its spec, as its first create
+    /// would have. Not checked: it was accepted before.
+    pub(crate) fn adopt(
+        &self,
+        task_id: &str,
+        bundle: &Path,
+        spec: Arc<ContainerSpec>,
+        resources: Resources,
+    ) {
+        self.specs.put(bundle, Arc::clone(&spec));
+        let sandbox = spec.kind == ContainerKind::Sandbox;
+        let of = match (&spec.container_name, sandbox) {
+            (_, true) => Some(BaselineOf::Sandbox),
+            (Some(n), false) => Some(BaselineOf::Container(n.clone())),
+            (None, false) => None,
+        };
+        let baseline = of.filter(|of| self.store.baseline(of).is_none()).map(|of| {
+            Box::new(NewBaseline {
+                of,
+                baseline: self.baseline_of(&spec),
+                spec: Arc::clone(&spec),
+            })
+        });
+        let record = self.store.task(task_id).unwrap_or(TaskRecord {
+            bundle: bundle.to_path_buf(),
+            container_name: spec.container_name.clone(),
+            sandbox,
+            resources: None,
+            pid: None,
+        });
+        let record = TaskRecord {
+            resources: (resources != spec.resources).then_some(resources),
+            ..record
+        };
+        let accept = OnAccept::Created {
+            task_id: task_id.to_string(),
+            record,
+            baseline,
+        };
+        self.commit(accept, None);
     }
 
     /// A task `Update` with the `LinuxResources` JSON containerd sent.
@@ -508,6 +564,11 @@ impl Pod {
             self.store.observe_labels(&then.labels, &node.labels);
         }
         read.view
+    }
+
+    /// Whether the task is known.
+    pub(crate) fn knows(&self, task_id: &str) -> bool {
+        self.store.task(task_id).is_some()
     }
 
     /// A task `Delete` (of the task itself, not an exec).

@@ -34,6 +34,14 @@ impl SpecCache {
         self.get(bundle)
     }
 
+    /// Keeps a spec read elsewhere (the NRI front end's, from its request) under `bundle`.
+    pub(crate) fn put(&self, bundle: &Path, spec: Arc<ContainerSpec>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(bundle.to_path_buf(), spec);
+    }
+
     /// Forgets a bundle (its task was deleted).
     pub(crate) fn forget(&self, bundle: &Path) {
         self.0

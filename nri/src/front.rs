@@ -1,0 +1,207 @@
+//! The NRI front end's pods: one [`PodChecks`] per pod it checks — the wrapper's own per-pod
+//! checks, state and outputs — made as the pod is first seen, dropped when it is removed.
+//! Which pods: those of `nri_runtime_handlers` (all when empty), except a pod the wrapper
+//! serves (its state names a running wrapper daemon): that pod is checked once, by the
+//! wrapper, which also sees the VM.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kata_topo_core::config::Resolved;
+use kata_topo_core::input::kata::KataConfig;
+use kata_topo_proto::nri::pkg::api::v1alpha1 as nri;
+use kata_topo_shim::checks::{served_by_wrapper, PodChecks, Sinks};
+use slog::Logger;
+
+use crate::translate::{container_spec, resources_json, sandbox_spec};
+
+/// The containerd namespace of CRI's pods, where the wrapper keeps their state too.
+pub const NAMESPACE: &str = "k8s.io";
+
+/// Whether a pod is checked here, decided once per pod.
+#[derive(Debug, Clone)]
+enum Watch {
+    Checked(PodChecks),
+    /// Not ours; why, for the log line said once.
+    Skipped,
+}
+
+/// Every pod's checks.
+#[derive(Debug)]
+pub struct Front {
+    resolved: Resolved,
+    kata: KataConfig,
+    sinks: Sinks,
+    pods: Mutex<HashMap<String, Watch>>,
+}
+
+impl Front {
+    /// The front end with the node's configuration.
+    pub fn new(resolved: Resolved, kata: KataConfig, sinks: Sinks) -> Arc<Self> {
+        Arc::new(Self {
+            resolved,
+            kata,
+            sinks,
+            pods: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn log(&self) -> &Logger {
+        &self.sinks.log
+    }
+
+    /// The pod's checks, made (with its sandbox admitted, as the wrapper admits it at the
+    /// sandbox's create) when it is first seen; `None` for a pod not checked here. `Err`: the
+    /// sandbox's admission refused.
+    fn pod(&self, pod: &nri::PodSandbox) -> Result<Option<PodChecks>, String> {
+        if let Some(w) = self.lock().get(&pod.id) {
+            return Ok(match w {
+                Watch::Checked(c) => Some(c.clone()),
+                Watch::Skipped => None,
+            });
+        }
+        let config = &self.resolved.config;
+        let handlers = &config.nri_runtime_handlers;
+        let skip = if !handlers.is_empty() && !handlers.contains(&pod.runtime_handler) {
+            Some("its runtime handler is not in nri_runtime_handlers")
+        } else if served_by_wrapper(config, NAMESPACE, &pod.id) {
+            Some("the kata-topo wrapper serves it")
+        } else {
+            None
+        };
+        if let Some(why) = skip {
+            slog::info!(self.log(), "pod not checked by the NRI plugin"; "event" => "nri-pod-skipped",
+                "sandbox_id" => &pod.id, "pod_name" => &pod.name, "pod_namespace" => &pod.namespace,
+                "runtime_handler" => &pod.runtime_handler, "reason" => why);
+            self.lock().insert(pod.id.clone(), Watch::Skipped);
+            return Ok(None);
+        }
+        let checks = PodChecks::new(
+            self.resolved.clone(),
+            self.kata.clone(),
+            NAMESPACE,
+            &pod.id,
+            &self.sinks,
+        );
+        // Two requests of a new pod at once: the first one in keeps its checks.
+        let checks = match self
+            .lock()
+            .entry(pod.id.clone())
+            .or_insert(Watch::Checked(checks))
+        {
+            Watch::Checked(c) => c.clone(),
+            Watch::Skipped => return Ok(None),
+        };
+        checks.create(&pod.id, sandbox_spec(pod))?;
+        Ok(Some(checks))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watch>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `CreateContainer`: a first create or a recreate of the container's name. `Err` is
+    /// kata-topo's refusal.
+    pub fn create(&self, pod: &nri::PodSandbox, container: &nri::Container) -> Result<(), String> {
+        let Some(checks) = self.pod(pod)? else {
+            return Ok(());
+        };
+        match container_spec(pod, container) {
+            Ok(spec) => checks.create(&container.id, spec),
+            // Unread, as the wrapper's unreadable bundle: reported by the update path's
+            // `check-failed` when the container is updated; never a refusal by itself.
+            Err(e) => {
+                slog::warn!(self.log(), "cannot read the container"; "event" => "nri-container-unreadable",
+                    "container_id" => &container.id, "sandbox_id" => &pod.id, "error" => e.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// `UpdateContainer` to `resources`. `Err` is kata-topo's refusal.
+    pub fn update(
+        &self,
+        pod: &nri::PodSandbox,
+        container: &nri::Container,
+        resources: &nri::LinuxResources,
+    ) -> Result<(), String> {
+        let Some(checks) = self.pod(pod)? else {
+            return Ok(());
+        };
+        if !checks.knows(&container.id) {
+            // Created while no plugin was connected and not synchronised since: what it runs
+            // with is its baseline, as a first create would have recorded it.
+            self.adopt(&checks, pod, container);
+        }
+        checks.update(&container.id, &resources_json(resources))
+    }
+
+    fn adopt(&self, checks: &PodChecks, pod: &nri::PodSandbox, container: &nri::Container) {
+        if let Ok(spec) = container_spec(pod, container) {
+            let current = spec.resources.clone();
+            checks.adopt(&container.id, spec, current);
+        }
+    }
+
+    /// `Synchronize`: the pods and containers that run already, remembered with their
+    /// baselines (kept from before when the state has them), none checked.
+    pub fn synchronize(&self, pods: &[nri::PodSandbox], containers: &[nri::Container]) {
+        let by_id: HashMap<&str, &nri::PodSandbox> =
+            pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        for pod in pods {
+            // A refusal of a running pod's sandbox is only reported: nothing is asked.
+            let _ = self.pod(pod);
+        }
+        for c in containers {
+            let Some(pod) = by_id.get(c.pod_sandbox_id.as_str()) else {
+                continue;
+            };
+            if let Ok(Some(checks)) = self.pod(pod) {
+                self.adopt(&checks, pod, c);
+            }
+        }
+        slog::info!(self.log(), "synchronized with the runtime"; "event" => "nri-synchronized",
+            "pods" => pods.len(), "containers" => containers.len(),
+            "checked_pods" => self.lock().values().filter(|w| matches!(w, Watch::Checked(_))).count());
+    }
+
+    /// `RemoveContainer`.
+    pub fn remove_container(&self, container: &nri::Container) {
+        let checks = match self.lock().get(&container.pod_sandbox_id) {
+            Some(Watch::Checked(c)) => c.clone(),
+            _ => return,
+        };
+        checks.remove(&container.id);
+    }
+
+    /// `RemovePodSandbox`: the pod's state and metrics go.
+    pub fn remove_pod(&self, pod: &nri::PodSandbox) {
+        if let Some(Watch::Checked(checks)) = self.lock().remove(&pod.id) {
+            checks.remove(&pod.id);
+            checks.forget();
+        }
+    }
+
+    /// Waits, until `deadline`, for every pod's state mirror to catch up.
+    pub fn flush(&self, deadline: std::time::Instant) {
+        let pods: Vec<PodChecks> = self
+            .lock()
+            .values()
+            .filter_map(|w| match w {
+                Watch::Checked(c) => Some(c.clone()),
+                Watch::Skipped => None,
+            })
+            .collect();
+        for p in pods {
+            p.flush(deadline);
+        }
+    }
+
+    /// How many pods are checked here.
+    pub fn checked_pods(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|w| matches!(w, Watch::Checked(_)))
+            .count()
+    }
+}

@@ -1,0 +1,137 @@
+//! A pod's checks for a front end other than the wrapper (`kata-topo-nri`): the same [`Pod`]
+//! the wrapper's daemon runs — its state for `kata-topo status`, its metrics, log lines and
+//! Kubernetes Events, its kubelet and API server readers, its baselines — driven by requests
+//! that carry the container's spec instead of a bundle. Nothing here decides: the core's
+//! phases do, through [`Pod`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kata_topo_core::config::{Config, Resolved};
+use kata_topo_core::input::kata::KataConfig;
+use kata_topo_core::state::GroupState;
+use kata_topo_core::{ContainerSpec, Resources};
+use kata_topo_sinks::{Drops, Events, Metrics};
+use slog::Logger;
+
+use crate::pod::{Outcome, Outputs, Pod};
+
+/// What a front end hands every pod: where its verdicts go.
+#[derive(Debug, Clone)]
+pub struct Sinks {
+    /// JSON log lines.
+    pub log: Logger,
+    /// containerd events (off when the front end has no containerd address).
+    pub events: Events,
+    /// What the sinks dropped.
+    pub drops: Arc<Drops>,
+}
+
+/// Whether pod `sandbox_id`'s state records a wrapper daemon that still runs: such a pod is
+/// the wrapper's to check, and another front end leaves it (and its state) alone. The
+/// wrapper's daemon records itself once its delegate started, before any container of the
+/// pod is created.
+pub fn served_by_wrapper(config: &Config, namespace: &str, sandbox_id: &str) -> bool {
+    GroupState::existing(&config.state_dir, namespace, sandbox_id)
+        .and_then(|files| files.daemon().ok().flatten())
+        .is_some_and(|d| d.wrapper.is_alive(&config.procfs_root))
+}
+
+/// One pod's checks.
+#[derive(Debug, Clone)]
+pub struct PodChecks {
+    pod: Arc<Pod>,
+}
+
+/// Where a container's spec is kept when no bundle holds it: a relative path, never a real
+/// bundle's (containerd's are absolute).
+fn key(container_id: &str) -> PathBuf {
+    Path::new("nri").join(container_id)
+}
+
+impl PodChecks {
+    /// The checks of pod `sandbox_id` in containerd namespace `namespace`, with its state
+    /// under `state_dir` as the wrapper keeps it; the topology is loaded before this returns
+    /// (a front end that serves many pods makes one per pod as it learns of it).
+    pub fn new(
+        resolved: Resolved,
+        kata: KataConfig,
+        namespace: &str,
+        sandbox_id: &str,
+        sinks: &Sinks,
+    ) -> Self {
+        let metrics = match &resolved.config.metrics_dir {
+            Some(dir) => Metrics::textfile(dir, namespace, sandbox_id, sinks.drops.clone()),
+            None => Metrics::off(),
+        };
+        let outputs = Outputs {
+            log: sinks.log.clone(),
+            events: sinks.events.clone(),
+            metrics,
+            drops: sinks.drops.clone(),
+        };
+        let pod = Pod::new(resolved, kata, namespace, sandbox_id, outputs);
+        pod.refresh();
+        Self { pod }
+    }
+
+    /// A container's create: checked as its first create (admission, recording its
+    /// baseline) or a recreate of its name; `Err` is the refusal's message (enforce mode).
+    /// Accepted, it is remembered at once.
+    pub fn create(&self, container_id: &str, spec: ContainerSpec) -> Result<(), String> {
+        let outcome = self.pod.on_create_spec(
+            container_id,
+            &key(container_id),
+            Arc::new(spec),
+            Instant::now(),
+        );
+        self.settle(outcome)
+    }
+
+    /// A container's update to `resources_json` (an OCI `LinuxResources` JSON); `Err` is the
+    /// refusal's message.
+    pub fn update(&self, container_id: &str, resources_json: &[u8]) -> Result<(), String> {
+        let outcome = self.pod.on_update(container_id, resources_json);
+        self.settle(outcome)
+    }
+
+    /// A container that runs already (a restarted front end's synchronisation).
+    pub fn adopt(&self, container_id: &str, spec: ContainerSpec, resources: Resources) {
+        self.pod
+            .adopt(container_id, &key(container_id), Arc::new(spec), resources);
+    }
+
+    /// Whether the container is known (created or adopted here, or in the pod's state).
+    pub fn knows(&self, container_id: &str) -> bool {
+        self.pod.knows(container_id)
+    }
+
+    /// A container was removed.
+    pub fn remove(&self, container_id: &str) {
+        if let Outcome::Forward(Some(accept)) = self.pod.on_delete(container_id) {
+            self.pod.commit(accept, None);
+        }
+    }
+
+    /// The pod is gone: its state and metrics go.
+    pub fn forget(&self) {
+        self.pod.forget(Instant::now() + Duration::from_secs(1));
+    }
+
+    /// Waits, until `deadline`, for the state mirror to catch up.
+    pub fn flush(&self, deadline: Instant) -> bool {
+        self.pod.flush_state(deadline)
+    }
+
+    fn settle(&self, outcome: Outcome) -> Result<(), String> {
+        match outcome {
+            Outcome::Forward(Some(accept)) => {
+                self.pod.commit(accept, None);
+                Ok(())
+            }
+            Outcome::Forward(None) => Ok(()),
+            Outcome::Refuse(e) => Err(kata_topo_core::text::error_chain(&e)),
+        }
+    }
+}
