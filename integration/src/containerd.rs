@@ -38,6 +38,10 @@ pub struct Guard {
     /// containerd >= 2.3: give shims the socket directory `<dir>/s` (containerd's
     /// `socket_dir`) instead of `/run/containerd/s`. Older versions have no such setting.
     pub socket_dir: bool,
+    /// containerd 2.x: NRI's `plugin_request_timeout` (e.g. `"2s"`); default containerd's.
+    pub nri_timeout: Option<&'static str>,
+    /// The folder the containerd's own directory is made in; default `/tmp`.
+    pub under: Option<PathBuf>,
 }
 
 impl Default for Guard {
@@ -54,6 +58,8 @@ impl Default for Guard {
             log_file: None,
             state_dir: None,
             socket_dir: false,
+            nri_timeout: None,
+            under: None,
         }
     }
 }
@@ -89,6 +95,8 @@ pub struct Containerd {
     /// What the recording shim (handlers `record`, `record-configpath`) saw: per task id,
     /// `<id>.stdin` (what containerd wrote to `start`) and `<id>.stdout` (what it read back).
     pub records: PathBuf,
+    /// containerd 2.x: its NRI socket (`<dir>/nri.sock`).
+    pub nri_socket: PathBuf,
     /// Shim sockets present before this containerd started.
     sockets_before: Vec<PathBuf>,
     /// Held for this containerd's whole life (released after `Drop` cleaned up).
@@ -110,9 +118,11 @@ impl Containerd {
         require_root();
         let exclusive = MachineLock::take();
         let bins = bin_dir();
+        let under = guard.under.clone().unwrap_or_else(|| PathBuf::from("/tmp"));
+        std::fs::create_dir_all(&under).expect("the folder of containerd's directory");
         let dir = tempfile::Builder::new()
             .prefix("kt-")
-            .tempdir_in("/tmp")
+            .tempdir_in(&under)
             .expect("tempdir");
         let d = dir.path();
         let sysfs = SysfsTree::at(d.join("sys")).expect("sysfs");
@@ -217,10 +227,12 @@ impl Containerd {
             configpath: &configpath,
             socket_dir: (shim_socket_dir != Path::new("/run/containerd/s"))
                 .then_some(shim_socket_dir.as_path()),
+            nri_timeout: guard.nri_timeout,
         };
         let text = layout.render(ContainerdBin::get().is_v2());
         std::fs::write(d.join("containerd.toml"), text).expect("write containerd config");
         let mut c = Self {
+            nri_socket: d.join("nri.sock"),
             socket,
             child: None,
             config,

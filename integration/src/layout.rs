@@ -13,6 +13,8 @@ pub(crate) struct ConfigLayout<'a> {
     pub(crate) runc_hook: Option<&'a Path>,
     pub(crate) configpath: &'a Path,
     pub(crate) socket_dir: Option<&'a Path>,
+    /// containerd 2.x: NRI's plugin request timeout (e.g. `"2s"`); default containerd's.
+    pub(crate) nri_timeout: Option<&'a str>,
 }
 
 impl ConfigLayout<'_> {
@@ -35,6 +37,8 @@ impl ConfigLayout<'_> {
         let hook = self.runc_hook.map(text).unwrap_or_default();
         let socket_dir = self.socket_dir.map(text).unwrap_or_default();
         let configpath = text(self.configpath);
+        // 2.x has NRI on: its socket and plugin folders are this containerd's own.
+        let (nri_socket, nri_dir) = (text(&d.join("nri.sock")), text(&d.join("nri")));
         let values = [
             (if version3 { "V3" } else { "V2" }, "1"),
             ("ROOT", root.as_str()),
@@ -47,6 +51,9 @@ impl ConfigLayout<'_> {
             ("RUNC_BASE_SPEC", hook.as_str()),
             ("CONFIG_PATH", configpath.as_str()),
             ("RECORD_CONFIG_PATH", RECORDED_CONFIG_PATH),
+            ("NRI_SOCKET", nri_socket.as_str()),
+            ("NRI_DIR", nri_dir.as_str()),
+            ("NRI_TIMEOUT", self.nri_timeout.unwrap_or_default()),
         ];
         templates::render(templates::CONTAINERD, &values).expect("the containerd template renders")
     }

@@ -1,0 +1,343 @@
+//! `kata-topo-nri` against the real containerd 2.3.4 with NRI on, pods on the plain `runc`
+//! handler (no wrapper): a cross-NUMA resize reported, refused in enforce mode with the message
+//! reaching the CRI client, a recreate checked against its baseline, the plugin killed mid-run,
+//! containerd restarted, a wedged check answered within the budget.
+//!
+//! NRI needs containerd 2.x: without `KT_CONTAINERD_BIN`, these tests run on the 2.3.4 that
+//! `make containerd2` unpacks under `target/` (and fail, saying so, when it is not there).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kata_topo_integration::{
+    bin_dir, eventually, workspace, Container, Containerd, ContainerdBin, Guard, Resources,
+};
+
+const POD_ANNOTATIONS: &[(&str, &str)] = &[
+    ("kata-topo.io/policy", "single-numa-node"),
+    ("kata-topo.io/numa-nodes", "1"),
+];
+
+/// Generous: the machine may be busy with other builds.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// containerd 2.x for this test binary.
+fn containerd2() {
+    if std::env::var_os("KT_CONTAINERD_BIN").is_none() {
+        let dir = workspace().join("target/containerd-2.3.4/bin");
+        assert!(
+            dir.join("containerd").is_file(),
+            "NRI needs containerd 2.x: set KT_CONTAINERD_BIN, or run `make containerd2` for {}",
+            dir.display()
+        );
+        std::env::set_var("KT_CONTAINERD_BIN", dir);
+    }
+    assert!(
+        ContainerdBin::get().is_v2(),
+        "NRI needs containerd 2.x, KT_CONTAINERD_BIN has {}",
+        ContainerdBin::get().version_text
+    );
+}
+
+/// A private containerd under this worktree's `target/`.
+fn start(guard: Guard) -> Containerd {
+    containerd2();
+    Containerd::start(Guard {
+        under: Some(workspace().join("target/nri-test")),
+        ..guard
+    })
+}
+
+/// The plugin's process, killed when dropped.
+struct Plugin(Option<Child>);
+
+impl Plugin {
+    fn start(c: &Containerd) -> Self {
+        let out = std::fs::File::create(c.dir.path().join("nri.out")).expect("nri.out");
+        let child = Command::new(bin_dir().join("kata-topo-nri"))
+            .arg("--config")
+            .arg(&c.config)
+            .arg("--socket")
+            .arg(&c.nri_socket)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("nri.out"))
+            .stderr(out)
+            .spawn()
+            .expect("start kata-topo-nri");
+        Self(Some(child))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn events(c: &Containerd, event: &str) -> usize {
+    c.log_lines().iter().filter(|l| l["event"] == event).count()
+}
+
+/// Waits until the plugin registered `n` times in all.
+fn registered(c: &Containerd, n: usize) {
+    assert!(
+        eventually(DEADLINE, || events(c, "nri-registered") >= n),
+        "kata-topo-nri did not register ({n}): {:#?}\ncontainerd: {}",
+        c.log_lines(),
+        c.containerd_log()
+    );
+}
+
+fn finding(c: &Containerd, rule: &str, operation: &str) -> Option<serde_json::Value> {
+    c.findings()
+        .into_iter()
+        .find(|l| l["rule"] == rule && l["operation"] == operation)
+}
+
+fn nri_lines(c: &Containerd) -> String {
+    c.containerd_log()
+        .lines()
+        .filter(|l| l.contains("nri") || l.contains("NRI") || l.contains("plugin kata-topo"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn audit_reports_a_cross_numa_resize_and_keeps_the_pods_state() {
+    let c = start(Guard::default());
+    let _plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-audit", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("StartContainer");
+    assert!(c.findings().is_empty(), "clean: {:#?}", c.findings());
+    cri.update(&id, &admitted.on("0"))
+        .expect("audit lets the update through");
+    assert_eq!(cri.allowed_cpus(&id), "0", "runc applied it");
+    assert!(
+        eventually(DEADLINE, || finding(&c, "cpu-outside-intent", "update")
+            .is_some()),
+        "the plugin reports the update: {:#?}",
+        c.log_lines()
+    );
+    let line = finding(&c, "cpu-outside-intent", "update").expect("line");
+    assert_eq!(line["decision"], "allow");
+    assert_eq!(line["container_id"], id.as_str());
+    assert_eq!(line["pod_name"], "nri-audit");
+    assert_eq!(line["pod_namespace"], "ml");
+    // The state `kata-topo status` reads: the pod's directory, as the wrapper keeps it.
+    let pod_dir = c.state_dir.join("k8s.io").join(&pod);
+    assert!(
+        eventually(DEADLINE, || pod_dir.is_dir()),
+        "no state at {}",
+        pod_dir.display()
+    );
+    let status = Command::new(bin_dir().join("kata-topo"))
+        .args(["status", "--json", "--state-dir"])
+        .arg(&c.state_dir)
+        .output()
+        .expect("kata-topo status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains(&pod) && text.contains("cpu-outside-intent"),
+        "kata-topo status shows the pod's finding: {text}"
+    );
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+    assert!(
+        eventually(DEADLINE, || !pod_dir.exists()),
+        "the pod's state goes with it"
+    );
+}
+
+#[test]
+fn enforce_refuses_the_update_and_the_recreate_with_kata_topos_message() {
+    let c = start(Guard {
+        mode: "enforce",
+        ..Guard::default()
+    });
+    let _plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-enforce", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("StartContainer");
+    let on0 = admitted.on("0");
+    let e = cri.update(&id, &on0).expect_err("enforce refuses");
+    assert!(
+        e.message()
+            .contains("kata-topo refused the update of container app in pod ml/nri-enforce"),
+        "the CRI client gets kata-topo's message: {e:?}"
+    );
+    assert!(e.message().contains("cpu-outside-intent"), "{e:?}");
+    assert_eq!(cri.allowed_cpus(&id), "1", "the container kept its CPUs");
+    // A resize on the admitted node is allowed.
+    let bigger = Resources {
+        quota: 150_000,
+        ..admitted.clone()
+    };
+    cri.update(&id, &bigger).expect("a resize on node 1");
+    // The container recreated in the running pod, onto node 0: held to its baseline.
+    cri.remove_container(&id);
+    let again = Container {
+        attempt: 1,
+        ..Container::new("app", &on0)
+    };
+    let e = cri
+        .create_container_as(&pod, &cfg, &again, false)
+        .expect_err("the recreate is refused");
+    assert!(
+        e.message()
+            .contains("kata-topo refused the recreate of container app"),
+        "{e:?}"
+    );
+    let back = Container {
+        attempt: 1,
+        ..Container::new("app", &admitted)
+    };
+    let id = cri
+        .create_container_as(&pod, &cfg, &back, false)
+        .expect("the recreate on its own node");
+    cri.start(&id).expect("StartContainer");
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+}
+
+#[test]
+fn the_plugin_killed_mid_run_costs_no_pod_operation() {
+    let c = start(Guard {
+        mode: "enforce",
+        ..Guard::default()
+    });
+    let mut plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-killed", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("StartContainer");
+    plugin.kill();
+    // Unchecked now: the update enforce would refuse goes through, and quickly.
+    let started = Instant::now();
+    cri.update(&id, &admitted.on("0"))
+        .expect("no plugin: the update goes on");
+    let second = cri
+        .start_container(&pod, &cfg, "second", &admitted.on("0"), false)
+        .expect("no plugin: a create goes on");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(cri.allowed_cpus(&id), "0");
+    eprintln!("containerd on the killed plugin:\n{}", nri_lines(&c));
+    // Started again, it registers, is synchronised, and checks again.
+    let _plugin = Plugin::start(&c);
+    registered(&c, 2);
+    let e = cri
+        .update(&second, &admitted.on("0-1"))
+        .expect_err("checked again");
+    assert!(e.message().contains("kata-topo refused"), "{e:?}");
+    cri.remove_container(&second);
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+}
+
+#[test]
+fn containerd_restarted_the_plugin_reconnects_and_keeps_the_baselines() {
+    let mut c = start(Guard {
+        mode: "enforce",
+        ..Guard::default()
+    });
+    let _plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-restart", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("StartContainer");
+    c.restart();
+    let mut cri = c.cri();
+    assert!(cri.wait_ready(DEADLINE), "CRI after the restart");
+    registered(&c, 2);
+    assert!(
+        events(&c, "nri-disconnected") >= 1,
+        "the plugin saw the restart"
+    );
+    let e = cri
+        .update(&id, &admitted.on("0"))
+        .expect_err("checked against the baseline from before the restart");
+    assert!(e.message().contains("kata-topo refused"), "{e:?}");
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+}
+
+#[test]
+fn a_wedged_check_is_answered_within_the_budget_and_keeps_the_connection() {
+    // A kubelet that accepts and never answers: each check that asks it waits
+    // kubelet_timeout_ms, longer than containerd's plugin timeout here (1 s).
+    let dir = workspace().join("target/nri-test");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hung: PathBuf = dir.join(format!("hung-kubelet-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&hung);
+    let _listener = std::os::unix::net::UnixListener::bind(&hung).expect("bind");
+    let c = start(Guard {
+        mode: "enforce",
+        nri_timeout: Some("1s"),
+        extra: format!(
+            "intent_source = \"kubelet\"\nkubelet_pod_resources_socket = \"{}\"\nkubelet_timeout_ms = 1500",
+            hung.display()
+        ),
+        ..Guard::default()
+    });
+    let _plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-wedged", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("a wedged check never fails the create");
+    // A resize asks the kubelet again: unchecked, allowed.
+    let resize = Resources {
+        quota: 150_000,
+        ..admitted.on("0")
+    };
+    cri.update(&id, &resize)
+        .expect("a wedged check never fails the update");
+    assert!(
+        eventually(DEADLINE, || events(&c, "nri-unchecked") >= 2),
+        "the log says what went unchecked: {:#?}",
+        c.log_lines()
+    );
+    assert_eq!(
+        events(&c, "nri-disconnected"),
+        0,
+        "containerd kept the plugin: {}",
+        nri_lines(&c)
+    );
+    assert_eq!(events(&c, "nri-registered"), 1);
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+    let _ = std::fs::remove_file(&hung);
+}
