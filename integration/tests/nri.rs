@@ -105,7 +105,7 @@ fn finding(c: &Containerd, rule: &str, operation: &str) -> Option<serde_json::Va
 fn nri_lines(c: &Containerd) -> String {
     c.containerd_log()
         .lines()
-        .filter(|l| l.contains("nri") || l.contains("NRI") || l.contains("plugin kata-topo"))
+        .filter(|l| l.contains("kata-topo\\\"") || l.contains("90-kata-topo"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -340,4 +340,48 @@ fn a_wedged_check_is_answered_within_the_budget_and_keeps_the_connection() {
     cri.remove_container(&id);
     cri.remove_pod(&pod);
     let _ = std::fs::remove_file(&hung);
+}
+
+#[test]
+fn a_stopped_plugin_costs_containerds_timeout_once_then_nothing() {
+    let c = start(Guard {
+        mode: "enforce",
+        nri_timeout: Some("1s"),
+        ..Guard::default()
+    });
+    let plugin = Plugin::start(&c);
+    registered(&c, 1);
+    let pid = plugin.0.as_ref().map(Child::id).expect("pid").to_string();
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-stopped", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("StartContainer");
+    // Wedged: the process is there, its socket open, and it answers nothing.
+    let stopped = Command::new("kill").args(["-STOP", &pid]).status();
+    assert!(stopped.is_ok_and(|s| s.success()), "SIGSTOP");
+    cri.update(&id, &admitted.on("0"))
+        .expect("containerd's timeout lets the update go on");
+    cri.update(&id, &admitted.on("0-1"))
+        .expect("the plugin closed: nothing waits for it");
+    let log = c.containerd_log();
+    assert!(
+        log.contains("closing plugin 90-kata-topo"),
+        "containerd closes the plugin that timed out: {}",
+        nri_lines(&c)
+    );
+    eprintln!("containerd on the stopped plugin:\n{}", nri_lines(&c));
+    let resumed = Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(resumed.is_ok_and(|s| s.success()), "SIGCONT");
+    // Resumed, it finds its connection closed and registers again.
+    registered(&c, 2);
+    let e = cri
+        .update(&id, &admitted.on("0"))
+        .expect_err("checked again");
+    assert!(e.message().contains("kata-topo refused"), "{e:?}");
+    drop(plugin);
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
 }
