@@ -290,7 +290,8 @@ test: deps lint alerts-test unit integration vm-test k8s-test kata-test
 # KT_BENCH_ROUNDS, KT_BENCH_CRI_ROUNDS, KT_BENCH_STATE_CALLS and KT_BENCH_COLD=1 tune it.
 # Then the node-scale section once, on Debian's containerd: KT_BENCH_PODS pods per handler
 # (default 100; KT_BENCH_PODS=20 for a quick check), KT_BENCH_PARALLEL at a time (10),
-# KT_BENCH_IDLE_SECONDS of idle measured (60).
+# KT_BENCH_IDLE_SECONDS of idle measured (60). Then kata-topo-nri on containerd 2.3.4:
+# KT_BENCH_NRI_UPDATES updates through the plugin (1000).
 BENCH_CONTAINERD_BINS ?= $(if $(wildcard $(CONTAINERD2_ARCHIVE)),$(CONTAINERD2_BIN))
 bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	$(CARGO) bench -p kata-topo-core --locked --bench check
@@ -303,6 +304,10 @@ bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	done
 	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
 	  $(CARGO) bench -p kata-topo-integration --locked --bench node
+	@if [ -x $(CONTAINERD2_BIN)/containerd ]; then \
+	  KT_CONTAINERD_BIN=$(CURDIR)/$(CONTAINERD2_BIN) KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
+	    $(CARGO) bench -p kata-topo-integration --locked --bench nri; \
+	else echo "NOT RUN: the NRI plugin's bench (needs containerd 2.x: $(CONTAINERD2_ARCHIVE))"; fi
 
 demo: deps build-all
 ifeq ($(strip $(CONTAINERD_BIN)),)

@@ -297,7 +297,7 @@ fn a_wedged_check_is_answered_within_the_budget_and_keeps_the_connection() {
     // kubelet_timeout_ms, longer than containerd's plugin timeout here (1 s).
     let dir = workspace().join("target/nri-test");
     std::fs::create_dir_all(&dir).expect("dir");
-    let hung: PathBuf = dir.join(format!("hung-kubelet-{}.sock", std::process::id()));
+    let hung: PathBuf = dir.join("hung-kubelet.sock");
     let _ = std::fs::remove_file(&hung);
     let _listener = std::os::unix::net::UnixListener::bind(&hung).expect("bind");
     let c = start(Guard {
