@@ -52,7 +52,8 @@ fn key(container_id: &str) -> PathBuf {
 
 impl PodChecks {
     /// The checks of pod `sandbox_id` in containerd namespace `namespace`, with its state
-    /// under `state_dir` as the wrapper keeps it; the topology is loaded before this returns
+    /// under `state_dir` as the wrapper keeps it; the topology is loaded before this returns, and
+    /// refreshed as the wrapper's daemon refreshes it
     /// (a front end that serves many pods makes one per pod as it learns of it).
     pub fn new(
         resolved: Resolved,
@@ -72,7 +73,10 @@ impl PodChecks {
             drops: sinks.drops.clone(),
         };
         let pod = Pod::new(resolved, kata, namespace, sandbox_id, outputs);
+        // Loaded now, so that the pod's first check has it; then every
+        // `topology_refresh_seconds` off the request path, as in the wrapper's daemon.
         pod.refresh();
+        pod.spawn_refresher();
         Self { pod }
     }
 
