@@ -191,9 +191,11 @@ $(VMLINUX): integration/guest-kernel.sh
 vm-test: deps build-all
 	bash integration/vm-test/run.sh
 
-# Kubernetes from source (k8s/): kubelet, kube-apiserver, kubectl at the version k8s/go.mod
-# pins and a one-member etcd, built with the local Go toolchain into a cache outside the tree
-# (KT_K8S_CACHE, default ~/.cache/kata-topo/k8s); a second run builds nothing.
+# Kubernetes from source (k8s/): kubelet, kube-apiserver, kube-scheduler,
+# kube-controller-manager and kubectl at the version k8s/go.mod pins, the CNI plugins bridge,
+# host-local, loopback and portmap at the version k8s/cni/go.mod pins, and a one-member etcd,
+# built with the local Go toolchain into a cache outside the tree (KT_K8S_CACHE, default
+# ~/.cache/kata-topo/k8s); a second run builds nothing.
 k8s:
 	@$(TIMED) timed "make k8s" 'bash k8s/build.sh > /dev/null'
 
@@ -210,7 +212,8 @@ alerts-test: deps
 	  KT_PROMTOOL=$$(tail -n 1 <<< "$$out") $(CARGO) test -p kata-topo-integration --locked --test alerts
 
 # The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,
-# containerd with the wrapper; etcd and kube-apiserver on this host. Two legs: Debian's
+# containerd with the wrapper and the CNI bridge; etcd, kube-apiserver, kube-scheduler and
+# kube-controller-manager on this host. Two legs: Debian's
 # containerd 1.6 (report target/k8s-test/report.json), then containerd 2.3.4 with runc 1.5.1
 # from its archive (target/k8s-test-containerd2/report.json); the last line counts both.
 k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2)

@@ -19,7 +19,7 @@ set -euo pipefail
 # shellcheck source=integration/k8s-test/steps-installer.sh
 . "$(dirname "${BASH_SOURCE[0]}")/steps-installer.sh"
 
-STEPS=(node guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
+STEPS=(node pod-network guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
   kubelet-containerd-restart pool-grows kubelet-stopped "${installer_steps[@]}" "${AFFINITY_STEPS[@]}" cleanup)
 
 if [ "${1:-}" = --list-steps ]; then
@@ -35,6 +35,9 @@ kubelet_root=/var/lib/kubelet
 containerd_bin=""
 
 k() { timeout 60 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig" "$@"; }
+# kubectl for what kustomize builds first (apply -k, delete -k): over a minute under TCG on a
+# loaded host.
+k_kustomize() { timeout 300 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig" "$@"; }
 
 # Polls COMMAND every second for at most SECONDS; its last output is in ${run}/poll.
 poll() { # SECONDS COMMAND...
@@ -103,93 +106,40 @@ EOF
 # The wrapper reads the node's labels with the kubelet's credentials: a root-only copy of the
 # kubelet's kubeconfig (the results share's file is the host's; /etc is the host's read-only).
 api_timeout_ms=5000
+templates=${ws}/integration/templates
+pod_cidr=10.244.0.0/24
 setup_containerd() {
   ln -sf "${bin}/containerd-shim-kata-topo-v2" "${run}/bin/containerd-shim-kata-topo-v2" || return 1
   install -m 0600 "${results}/k8s/kubelet.kubeconfig" "${run}/kubelet.kubeconfig" || return 1
-  cat > "${run}/kata-topo.toml" << EOF
-[topology_guard]
-delegate_shim = "containerd-shim-runc-v2"
-mode = "audit"
-default_policy = "restricted"
-sysfs_root = "/sys"
-state_dir = "${state}"
-log_file = "${log}"
-metrics_dir = "${metrics}"
-topology_refresh_seconds = 5
-# intent_source is the default, auto: the kubelet's PodResources socket is there, so a pod's
-# intent is what the kubelet admitted. Under TCG the emulated kubelet answers in tens to
-# hundreds of milliseconds (a real node's, in under 2): the longest wait allowed, not the
-# default 100 ms.
-kubelet_timeout_ms = 2000
-# The node's labels and the pods' node affinity from the API server on the host, with the
-# kubelet's credentials, for the node the kubelet registered (--hostname-override). Under TCG a
-# TLS handshake and a GET through QEMU's relay (a process started on the host per connection)
-# take hundreds of milliseconds, and over 2 s for a pod's first two reads when other builds load
-# the host: the longest wait allowed.
-kubeconfig = "${run}/kubelet.kubeconfig"
-node_name = "${node}"
-api_timeout_ms = ${api_timeout_ms}
-EOF
+  # The wrapper's configuration. intent_source is the default, auto: the kubelet's PodResources
+  # socket is there, so a pod's intent is what the kubelet admitted. Under TCG the emulated
+  # kubelet answers in tens to hundreds of milliseconds (a real node's, in under 2): the longest
+  # wait allowed, not the default 100 ms. The node's labels and the pods' node affinity come
+  # from the API server on the host, with the kubelet's credentials, for the node the kubelet
+  # registered (--hostname-override). Under TCG a TLS handshake and a GET through QEMU's relay
+  # (a process started on the host per connection) take hundreds of milliseconds, and over 2 s
+  # for a pod's first two reads when other builds load the host: the longest wait allowed.
+  "${templates}/render.sh" "${templates}/topology-guard.toml" DELEGATE=containerd-shim-runc-v2 \
+    MODE=audit POLICY=restricted SYSFS=/sys STATE_DIR="${state}" LOG_FILE="${log}" \
+    METRICS_DIR="${metrics}" REFRESH_SECONDS=5 KUBELET_TIMEOUT_MS=2000 \
+    KUBECONFIG="${run}/kubelet.kubeconfig" NODE_NAME="${node}" API_TIMEOUT_MS="${api_timeout_ms}" \
+    > "${run}/kata-topo.toml" || return 1
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
-  # default; no CNI (host-network pods only). Configuration version 3 for containerd 2.x. It
-  # imports a directory, where the installer's steps drop their handler.
-  if [ -n "${containerd_bin}" ]; then
-    cat > "${run}/containerd.toml" << EOF
-version = 3
-imports = ["${run}/containerd.d/*.toml"]
-root = "/var/lib/containerd"
-state = "/run/containerd"
-[grpc]
-  address = "${sock}"
-[debug]
-  level = "debug"
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_port = "0"
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "localhost/kata-topo/pause:1"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  enable_selinux = false
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = ["${run}/cni/bin"]
-  conf_dir = "${run}/cni/conf"
-[plugins.'io.containerd.cri.v1.runtime'.containerd]
-  default_runtime_name = "runc"
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kata-topo]
-    runtime_type = "io.containerd.kata-topo.v2"
-    pod_annotations = ["kata-topo.io/*"]
-EOF
-  else
-    cat > "${run}/containerd.toml" << EOF
-version = 2
-imports = ["${run}/containerd.d/*.toml"]
-root = "/var/lib/containerd"
-state = "/run/containerd"
-[grpc]
-  address = "${sock}"
-# Shims get -debug: the wrapper logs each update request whole (event update-request), which
-# the run keeps as the real kubelet's requests.
-[debug]
-  level = "debug"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/kata-topo/pause:1"
-  stream_server_port = "0"
-  enable_selinux = false
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "${run}/cni/bin"
-    conf_dir = "${run}/cni/conf"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-topo]
-      runtime_type = "io.containerd.kata-topo.v2"
-      pod_annotations = ["kata-topo.io/*"]
-EOF
-  fi
+  # default, the pod network of cni.conflist (make k8s's CNI plugins); configuration version 3
+  # for containerd 2.x. It imports a directory, where the installer's steps drop their handler.
+  # Shims get -debug: the wrapper logs each update request whole (event update-request), which
+  # the run keeps as the real kubelet's requests.
+  local layout=V2=1
+  [ -z "${containerd_bin}" ] || layout=V3=1
+  "${templates}/render.sh" "${templates}/containerd.toml" "${layout}" \
+    IMPORTS="${run}/containerd.d/*.toml" ROOT=/var/lib/containerd STATE=/run/containerd \
+    ADDRESS="${sock}" SANDBOX_IMAGE=localhost/kata-topo/pause:1 CNI="${run}/cni" DEBUG=1 \
+    > "${run}/containerd.toml" || return 1
+  mkdir -p "${run}/cni/conf" "${run}/containerd.d" && ln -sfn "${k8s}/cni" "${run}/cni/bin" || return 1
+  "${templates}/render.sh" "${ws}/integration/k8s-test/cni.conflist" BRIDGE=kt-cni0 POD_CIDR="${pod_cidr}" \
+    > "${run}/cni/conf/10-kata-topo.conflist" || return 1
+  CNI_COMMAND=VERSION "${k8s}/cni/bridge" < /dev/null > /dev/null 2>&1 || return 1
+  env -u CNI_COMMAND "${k8s}/cni/bridge" < /dev/null 2>&1 | sed -n 1p > "${results}/k8s/cni.version" || true
   write_restart_containerd
   start_containerd || { setup_error="containerd did not come up: $(tail -n 3 "${results}/containerd.log")"; return 1; }
   local image
@@ -248,6 +198,12 @@ EOF
   poll 180 k get node "${node}" \
     || { setup_error="the kubelet did not register: $(tail -n 3 "${results}/kubelet.log")"; return 1; }
   say "$(cat "${results}/k8s/kubelet.version") registered node ${node}"
+  # Ready once containerd reports the pod network (cni.conflist) and the node lifecycle
+  # controller sees the kubelet's heartbeats; until then the node carries the not-ready taint
+  # and the scheduler places nothing there.
+  poll 180 node_field_is '{.status.conditions[?(@.type=="Ready")].status}' True \
+    || { setup_error="node ${node} did not become Ready: $(k get node "${node}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}')"; return 1; }
+  node_json
   # What the RuntimeClass's scheduling asks of a node.
   k label node "${node}" katacontainers.io/kata-runtime=true kata-topo.io/installed=true --overwrite > /dev/null \
     || { setup_error="cannot label the node"; return 1; }
@@ -255,6 +211,13 @@ EOF
   # for, and this node has one allocatable CPU.
   sed '/^overhead:/,/^scheduling:/{/^scheduling:/!d}' "${ws}/deploy/kubernetes/runtimeclass.yaml" \
     | k apply -f - > /dev/null || { setup_error="cannot create the RuntimeClass"; return 1; }
+}
+
+# The node as the report names it: its conditions, addresses and taints.
+node_json() {
+  k get node "${node}" -o json 2> /dev/null | jq -c '{name: .metadata.name,
+      conditions: [.status.conditions[] | {type, status, reason}],
+      taints: (.spec.taints // []), allocatable: .status.allocatable}' > "${results}/k8s/node.json" || true
 }
 
 plugin_pid=""
@@ -287,7 +250,7 @@ kind: Pod
 metadata:
   name: ${name}
 ${annotations:+  annotations:\n}${annotations}spec:
-  nodeName: ${node}
+  nodeSelector: {kubernetes.io/hostname: ${node}}
   runtimeClassName: kata-topo
   hostNetwork: true
   automountServiceAccountToken: false
@@ -366,6 +329,39 @@ step_node() {
     record node true "" "${detail}"
   else
     record node false "" "expected allocatable cpu 1 and kata-topo.io/vfio 1: ${detail}"
+  fi
+}
+
+# A pod on the pod network (not the host's): placed by the scheduler, given an address of the
+# node's range by the CNI plugins, reachable from the node over the bridge.
+step_pod_network() {
+  local ip detail sched
+  k apply -f - > /dev/null << EOF || { record pod-network false "" "kubectl apply kt-net failed"; return 1; }
+apiVersion: v1
+kind: Pod
+metadata: {name: kt-net}
+spec:
+  runtimeClassName: kata-topo
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: app
+      image: localhost/kata-topo/busybox:1
+      imagePullPolicy: Never
+      command: ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+      resources:
+        requests: {cpu: "0", memory: 16Mi}
+        limits: {cpu: 100m, memory: 32Mi}
+EOF
+  poll 180 ready kt-net || true
+  ip=$(k get pod kt-net -o jsonpath='{.status.podIP}')
+  sched=$(k get events --field-selector involvedObject.name=kt-net,reason=Scheduled -o jsonpath='{.items[0].message}' 2> /dev/null || true)
+  detail="kubectl get pod kt-net: ready $(k get pod kt-net -o jsonpath='{.status.containerStatuses[0].ready}'), node $(k get pod kt-net -o jsonpath='{.spec.nodeName}'), podIP ${ip:-none} (range ${pod_cidr}); Scheduled: ${sched:-none}; ping from the node: $(busybox ping -c 1 -W 5 "${ip:-0.0.0.0}" > /dev/null 2>&1 && echo answered || echo 'no answer')"
+  k delete pod kt-net --wait=true --timeout=120s > /dev/null 2>&1 || true
+  if [ "${ip%.*}" = "${pod_cidr%.*}" ] && grep -q "to ${node}" <<< "${sched}" && grep -q answered <<< "${detail}"; then
+    record pod-network true "" "${detail}"
+  else
+    record pod-network false "" "expected kt-net scheduled to ${node} with an address of ${pod_cidr} that answers: ${detail}"
   fi
 }
 
@@ -662,6 +658,7 @@ main() {
   if ! setup_kubelet; then fail_rest "setup: ${setup_error}"; return 1; fi
   if ! setup_device_plugin; then fail_rest "setup: ${setup_error}"; return 1; fi
   step_node || true
+  step_pod_network || true
   start_shared_pod || true
   step_guaranteed_admission || true
   step_shared_pool_push || true
@@ -675,6 +672,7 @@ main() {
   installer_run_steps || true
   run_affinity_steps
   step_cleanup || true
+  node_json
   fail_rest "the step ended without recording a result"
   for p in "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
     if [ -n "${p}" ]; then kill "${p}" 2> /dev/null || true; fi

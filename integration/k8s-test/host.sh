@@ -3,6 +3,11 @@
 # kube-apiserver run here, natively, and the guest (the node: kubelet, containerd, the wrapper,
 # the device plugin) reaches the API server through one forwarded port.
 #
+# kube-scheduler and kube-controller-manager run beside them: every pod of the steps is placed by
+# the scheduler (a nodeSelector, never spec.nodeName), the DaemonSet controller runs the
+# installer's pods, the garbage collector deletes a deleted DaemonSet's pods, and the
+# ServiceAccount admission plugin with the token controller gives a pod its API credentials.
+#
 # Why the control plane is on the host: under TCG every instruction of the guest is emulated,
 # and kube-apiserver with etcd is the heaviest thing in the cluster while being no part of what
 # kata-topo checks; on the host they serve in about a second and leave the guest's two emulated
@@ -38,12 +43,14 @@ done
 # binaries read-only on /opt/k8s.
 scenario_memory_mib=1536
 scenario_shares=("k8s:${k8s_bin}:ro")
-scenario_not_covered="Kata itself: the delegate is runc (no Kata guest boots here), so the VM view's rules are not exercised (integration/tests/vm.rs covers them against a real QEMU); the control plane runs on the host, not in the node; no CNI (host-network pods, the node stays NotReady), no controller-manager or scheduler (pods are placed by spec.nodeName)"
+scenario_not_covered="Kata itself: the delegate is runc (no Kata guest boots here; make kata-test runs Kata's shim and agent), so the VM view's rules are not exercised (integration/tests/vm.rs covers them against a real QEMU); the control plane runs on the host, not in the node; one node (a second node, where a rolling upgrade's new pod would go, is not built yet); a pod network on the node only (bridge and host-local; the steps' pods use the host's network, one pod checks the pod network)"
 
 pki=${out}/pki
 control=${out}/control
 etcd_pid=""
 apiserver_pid=""
+scheduler_pid=""
+controllers_pid=""
 api_port=""
 
 free_port() { # a TCP port nothing on this host's loopback listens on
@@ -70,6 +77,10 @@ stop_pid() { # PID
 }
 
 scenario_down() {
+  stop_pid "${scheduler_pid}"
+  scheduler_pid=""
+  stop_pid "${controllers_pid}"
+  controllers_pid=""
   stop_pid "${apiserver_pid}"
   apiserver_pid=""
   stop_pid "${etcd_pid}"
@@ -102,6 +113,7 @@ scenario_up() {
   started_up=$(date +%s)
   rm -rf "${pki}" "${control}"
   mkdir -p "${pki}" "${control}" "${out}/guest/k8s"
+  : > "${out}/guest/k8s/node.json"
   chmod 0700 "${pki}"
   # A CA of this run only, the API server's certificate for the host's loopback and the
   # guest's forwarded address, the service-account keys, and two tokens: the operator
@@ -138,7 +150,7 @@ scenario_up() {
     --bind-address 127.0.0.1 --secure-port "${api_port}" --advertise-address 10.0.2.100 \
     --tls-cert-file "${pki}/apiserver.crt" --tls-private-key-file "${pki}/apiserver.key" \
     --client-ca-file "${pki}/ca.crt" --token-auth-file "${pki}/tokens.csv" \
-    --authorization-mode Node,RBAC --disable-admission-plugins ServiceAccount \
+    --authorization-mode Node,RBAC \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "${pki}/sa.pub" --service-account-signing-key-file "${pki}/sa.key" \
     --service-cluster-ip-range 10.96.0.0/24 --profiling=false --allow-privileged=true \
@@ -155,6 +167,34 @@ scenario_up() {
     sleep 0.1
   done
   [ -n "${ready}" ] || die "kube-apiserver did not become ready: $(tail -n 5 "${control}/kube-apiserver.log")"
+  # The scheduler and the controllers, as the operator (a test cluster's shortcut: kubeadm gives
+  # each its own identity). No serving port: nothing here scrapes them. The controllers are
+  # upstream's default set (--controllers=*); the service-account token controller signs with
+  # the API server's key, and kube-root-ca.crt is published from this run's CA.
+  setpriv --pdeathsig KILL "${k8s_bin}/kube-controller-manager" \
+    --kubeconfig "${control}/admin.kubeconfig" --controllers '*' --leader-elect=false \
+    --service-account-private-key-file "${pki}/sa.key" --root-ca-file "${pki}/ca.crt" \
+    --use-service-account-credentials=false --secure-port 0 --profiling=false \
+    < /dev/null > "${control}/kube-controller-manager.log" 2>&1 &
+  controllers_pid=$!
+  setpriv --pdeathsig KILL "${k8s_bin}/kube-scheduler" \
+    --kubeconfig "${control}/admin.kubeconfig" --leader-elect=false --secure-port 0 --profiling=false \
+    < /dev/null > "${control}/kube-scheduler.log" 2>&1 &
+  scheduler_pid=$!
+  # A pod is admitted only once its namespace's ServiceAccount exists (the controllers create
+  # it), and an installer pod's token volume needs kube-root-ca.crt.
+  ready=""
+  for _ in $(seq 1 600); do
+    kill -0 "${controllers_pid}" 2> /dev/null || break
+    kill -0 "${scheduler_pid}" 2> /dev/null || break
+    if "${k8s_bin}/kubectl" --kubeconfig "${control}/admin.kubeconfig" get serviceaccount default > /dev/null 2>&1 \
+      && "${k8s_bin}/kubectl" --kubeconfig "${control}/admin.kubeconfig" -n kube-system get configmap kube-root-ca.crt > /dev/null 2>&1; then
+      ready=1
+      break
+    fi
+    sleep 0.1
+  done
+  [ -n "${ready}" ] || die "the controllers or the scheduler did not come up: $(tail -n 3 "${control}/kube-controller-manager.log") $(tail -n 3 "${control}/kube-scheduler.log")"
   # The guest's view: the same cluster at the forwarded address.
   kubeconfig https://10.0.2.100:6443 "${admin_token}" "${pki}/ca.crt" > "${out}/guest/k8s/admin.kubeconfig"
   kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
@@ -172,8 +212,11 @@ scenario_up() {
     echo "${v}" >> "${out}/guest/k8s/installer-versions"
   done
   "${k8s_bin}/etcd" --version > "${out}/guest/k8s/etcd.version" 2>&1 || true
-  "${k8s_bin}/kube-apiserver" --version > "${out}/guest/k8s/kube-apiserver.version" 2>&1 || true
-  say "etcd and kube-apiserver up on the host's loopback in $(($(date +%s) - started_up)) s"
+  local b
+  for b in kube-apiserver kube-scheduler kube-controller-manager; do
+    "${k8s_bin}/${b}" --version > "${out}/guest/k8s/${b}.version" 2>&1 || true
+  done
+  say "etcd, kube-apiserver, kube-scheduler and kube-controller-manager up on the host's loopback in $(($(date +%s) - started_up)) s"
   # QEMU, restricted: each guest connection to 10.0.2.100:6443 runs one relay to the API server.
   scenario_qemu_args=(
     -netdev "user,id=api,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:busybox nc 127.0.0.1 ${api_port}"
@@ -187,7 +230,11 @@ scenario_report() {
     --arg kubelet "$(cat "${out}/guest/k8s/kubelet.version" 2> /dev/null || echo unknown)" \
     --arg kubectl "$(cat "${out}/guest/k8s/kubectl.version" 2> /dev/null || echo unknown)" \
     --arg apiserver "$(cat "${out}/guest/k8s/kube-apiserver.version" 2> /dev/null || echo unknown)" \
+    --arg scheduler "$(cat "${out}/guest/k8s/kube-scheduler.version" 2> /dev/null || echo unknown)" \
+    --arg controllers "$(cat "${out}/guest/k8s/kube-controller-manager.version" 2> /dev/null || echo unknown)" \
+    --arg cni "$(cat "${out}/guest/k8s/cni.version" 2> /dev/null || echo unknown)" \
+    --slurpfile node "${out}/guest/k8s/node.json" \
     --arg etcd "$(v=$(cat "${out}/guest/k8s/etcd.version" 2> /dev/null) && echo "${v}" || echo unknown)" \
     --arg containerd "$(cat "${out}/guest/containerd.version" 2> /dev/null || echo unknown)" \
-    '{versions: {kubelet: $kubelet, kubectl: $kubectl, "kube-apiserver": $apiserver, etcd: $etcd, containerd: $containerd}}'
+    '{versions: {kubelet: $kubelet, kubectl: $kubectl, "kube-apiserver": $apiserver, "kube-scheduler": $scheduler, "kube-controller-manager": $controllers, etcd: $etcd, containerd: $containerd, cni: $cni}, node: ($node[0] // null)}'
 }

@@ -9,10 +9,10 @@
 # the node label kata-topo.io/installed the guest set is taken off first and put back at the
 # end, and the guest's device plugin is stopped while the installer's runs, then started again.
 #
-# This cluster runs no controller-manager: the steps do what its DaemonSet controller and
-# garbage collector would (a pod per DaemonSet from its template, on this node; an updated
-# template replaces it; a deleted DaemonSet's pods are deleted), and what the ServiceAccount
-# admission plugin would (the projected API token, with the kube-root-ca.crt ConfigMap). The
+# The cluster's controllers do the rest, as on any cluster: the DaemonSet controller creates the
+# pod on this node and replaces it on an upgrade (its rolling update), the garbage collector
+# deletes a deleted DaemonSet's pods, and the ServiceAccount admission plugin gives the pod its
+# API token (with kube-root-ca.crt, which the controllers publish). The
 # overlay points the installer at the guest's paths: containerd's configuration and the
 # directory it imports under /run (the guest's /etc is the host's, read-only), its supervisor's
 # restart command, and the API server's forwarded address. The delegate here is runc, whose shim
@@ -103,31 +103,27 @@ patches:
                   - {name: KATA_TOPO_CONFIG_PATH_OPTION, value: "false"}
                   - {name: KUBERNETES_SERVICE_HOST, value: 10.0.2.100}
                   - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
-                volumeMounts:
-                  - {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
-            volumes:
-              - name: kube-api-access
-                projected:
-                  sources:
-                    - serviceAccountToken: {path: token, expirationSeconds: 3607}
-                    - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
-                    - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
 EOF
 }
 
-# What the DaemonSet controller does for this node: a pod from DAEMONSET's template, owned by
-# it, bound here. Prints the pod's name.
-inst_ds_pod() { # DAEMONSET
-  local ds name
-  ds=$(k -n kube-system get daemonset "$1" -o json) || return 1
-  name="$1-$(jq -r '.metadata.generation' <<< "${ds}")"
-  jq --arg node "${node}" --arg name "${name}" '{apiVersion: "v1", kind: "Pod",
-      metadata: (.spec.template.metadata + {name: $name, namespace: "kube-system",
-        ownerReferences: [{apiVersion: "apps/v1", kind: "DaemonSet", name: .metadata.name,
-          uid: .metadata.uid, controller: true, blockOwnerDeletion: true}]}),
-      spec: (.spec.template.spec + {nodeName: $node})}' <<< "${ds}" \
-    | k create -f - > /dev/null || return 1
-  echo "${name}"
+# The pod the DaemonSet controller runs on this node for DAEMONSET, once it is there and not
+# being deleted; not PREVIOUS (the one an update replaces). Prints its name.
+inst_ds_pod_now() { # DAEMONSET [PREVIOUS]
+  local name
+  name=$(k -n kube-system get pods -o json | jq -r --arg ds "$1" --arg node "${node}" --arg old "${2:-}" \
+    '[.items[] | select(.metadata.deletionTimestamp == null and .spec.nodeName == $node
+        and .metadata.name != $old
+        and any(.metadata.ownerReferences[]?; .kind == "DaemonSet" and .name == $ds and .controller))
+      | .metadata.name] | first // empty')
+  [ -n "${name}" ] && echo "${name}"
+}
+inst_ds_pod() { # DAEMONSET [PREVIOUS]: waits up to 300 s for it
+  local _
+  for _ in $(seq 1 300); do
+    inst_ds_pod_now "$@" && return 0
+    sleep 1
+  done
+  return 1
 }
 
 inst_pod_ready() { [ "$(k -n kube-system get pod "$1" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ]; }
@@ -142,10 +138,9 @@ inst_image_of() { # FILE: the version the installer's image stamped into the bin
 }
 inst_app_gone() { ! k get pods -o name | grep -q '^pod/kti-app'; }
 inst_gone() { ! k -n kube-system get pod "$1" > /dev/null 2>&1; }
-# Deletes kube-system's pods and waits (the preStop hook may restart containerd) up to 300 s.
-inst_delete_pods() { # POD...
+# Waits for kube-system's pods to be gone (the preStop hook may restart containerd) up to 300 s.
+inst_wait_gone() { # POD...
   local p
-  k -n kube-system delete pod "$@" --wait=false > /dev/null 2>&1 || true
   for p in "$@"; do poll 300 inst_gone "${p}" || true; done
 }
 # The installer container's log lines, from the node's log directory.
@@ -174,7 +169,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: $1}
 spec:
-  nodeName: ${node}
+  nodeSelector: {kubernetes.io/hostname: ${node}}
   runtimeClassName: ${inst_handler}
   hostNetwork: true
   automountServiceAccountToken: false
@@ -224,10 +219,9 @@ step_installer_install() {
       || { record installer-install false "" "ctr images import installer-${v}.tar failed"; return 1; }
   done
   import_s=$(($(date +%s) - t0))
-  k -n kube-system create configmap kube-root-ca.crt --from-file=ca.crt="${results}/k8s/ca.crt" > /dev/null
   inst_overlay "${v1}"
-  k kustomize "${inst_dir}" > "${results}/installer-${v1}.yaml"
-  k apply -k "${inst_dir}" > "${run}/apply" 2>&1 \
+  k_kustomize kustomize "${inst_dir}" > "${results}/installer-${v1}.yaml"
+  k_kustomize apply -k "${inst_dir}" > "${run}/apply" 2>&1 \
     || { record installer-install false "" "kubectl apply -k failed: $(tail -n 3 "${run}/apply")"; return 1; }
   # The guest's device plugin makes way for the DaemonSet's.
   if [ -n "${plugin_pid}" ]; then
@@ -238,13 +232,13 @@ step_installer_install() {
   pid_before=$(cat "${run}/containerd.pid")
   t0=$(date +%s)
   inst_current=$(inst_ds_pod kata-topo-installer) \
-    || { record installer-install false "" "cannot create the installer's pod"; return 1; }
+    || { record installer-install false "" "the DaemonSet controller created no installer pod on ${node}: $(k -n kube-system get daemonset kata-topo-installer -o jsonpath='{.status}')"; return 1; }
   poll 300 inst_label_is "${v1}" || true
   poll 120 inst_pod_ready "${inst_current}" || true
   t1=$(date +%s)
   # The device plugin's DaemonSet selects the label: its pod comes once the node has it.
   inst_plugin=$(inst_ds_pod kata-topo-device-plugin) \
-    || { record installer-install false "" "cannot create the device plugin's pod"; return 1; }
+    || { record installer-install false "" "the DaemonSet controller created no device plugin pod on ${node}"; return 1; }
   poll 120 inst_pod_running "${inst_plugin}" || true
   poll 120 node_field_is '{.status.allocatable.kata-topo\.io/vfio}' 1 || true
   pid_after=$(cat "${run}/containerd.pid")
@@ -297,20 +291,22 @@ step_installer_upgrade() {
   inode_before=$(stat -c %i /opt/kata-topo/bin/containerd-shim-kata-topo-v2 2> /dev/null || echo none)
   pid_before=$(cat "${run}/containerd.pid")
   inst_overlay "${v2}"
-  k apply -k "${inst_dir}" > "${run}/apply" 2>&1 \
+  k_kustomize apply -k "${inst_dir}" > "${run}/apply" 2>&1 \
     || { record installer-upgrade false "" "kubectl apply -k (${v2}) failed: $(tail -n 3 "${run}/apply")"; return 1; }
-  # The rolling update: each old pod deleted (the installer's preStop sees its DaemonSet stay),
-  # a new one from the new template.
+  # The rolling update, the DaemonSet controller's: each old pod deleted (the installer's preStop
+  # sees its DaemonSet stay), a new one from the new template.
   old_pod=${inst_current}
   old_plugin=${inst_plugin}
   inst_follow_log "${old_pod}"
-  inst_delete_pods "${old_pod}" "${old_plugin}"
-  # Between the two pods the node keeps everything (the hook saw the DaemonSet stay).
+  inst_wait_gone "${old_pod}"
+  # Once the old pod is gone the node still holds the old version (the hook saw the DaemonSet
+  # stay): read before the replacement installs (it may already have started).
   kept="label $(inst_version), /opt/kata-topo/share/VERSION $(cat /opt/kata-topo/share/VERSION 2> /dev/null || echo gone), handler $([ -f "${run}/containerd.d/${inst_handler}.toml" ] && echo kept || echo gone)"
-  inst_current=$(inst_ds_pod kata-topo-installer) || true
+  inst_current=$(inst_ds_pod kata-topo-installer "${old_pod}") || true
   poll 300 inst_label_is "${v2}" || true
   poll 120 inst_pod_ready "${inst_current}" || true
-  inst_plugin=$(inst_ds_pod kata-topo-device-plugin) || true
+  inst_wait_gone "${old_plugin}"
+  inst_plugin=$(inst_ds_pod kata-topo-device-plugin "${old_plugin}") || true
   poll 120 inst_pod_running "${inst_plugin}" || true
   inode_after=$(stat -c %i /opt/kata-topo/bin/containerd-shim-kata-topo-v2 2> /dev/null || echo none)
   pid_after=$(cat "${run}/containerd.pid")
@@ -327,7 +323,7 @@ step_installer_upgrade() {
     && [ "${pid_before}" = "${pid_after}" ] && ready kti-app \
     && [ "$(stat -L -c %i "/proc/${inst_daemon:-0}/exe" 2> /dev/null)" = "${inst_daemon_inode}" ] \
     && [ "${new_exe}" = "${inode_after}" ] \
-    && [ "${kept}" = "label ${inst_versions[0]}, /opt/kata-topo/share/VERSION ${inst_versions[0]}, handler kept" ] \
+    && grep -q ", handler kept" <<< "${kept}" && ! grep -q gone <<< "${kept}" \
     && inst_followed "${old_pod}" | grep -q 'stays'; then
     record installer-upgrade true "" "$(cut -c 1-1200 <<< "${detail}")"
   else
@@ -341,16 +337,15 @@ step_installer_removal() {
   # Gone before the binaries go: containerd runs the wrapper's binary to clean up after a pod.
   poll 120 inst_app_gone || true
   pid_before=$(cat "${run}/containerd.pid")
-  # The DaemonSets deleted, then their pods (the garbage collector's part): the installer's
-  # preStop finds its DaemonSet gone and restores the node.
+  # The DaemonSets deleted; the garbage collector deletes their pods: the installer's preStop
+  # finds its DaemonSet gone and restores the node.
   inst_follow_log "${inst_current}"
   k -n kube-system delete daemonset kata-topo-installer kata-topo-device-plugin > /dev/null 2>&1 || true
-  inst_delete_pods "${inst_current}" "${inst_plugin}"
+  inst_wait_gone "${inst_current}" "${inst_plugin}"
   # The guest's device plugin back (its socket is one of the node's files compared).
   inst_restore_plugin
   poll 60 test -S "${kubelet_root}/device-plugins/kata-topo-vfio.sock" || true
-  k delete -k "${inst_dir}" --ignore-not-found > /dev/null 2>&1 || true
-  k -n kube-system delete configmap kube-root-ca.crt > /dev/null 2>&1 || true
+  k_kustomize delete -k "${inst_dir}" --ignore-not-found > /dev/null 2>&1 || true
   pid_after=$(cat "${run}/containerd.pid")
   inst_node_files > "${results}/installer-files-after.txt"
   diff_out=$(diff "${results}/installer-files-before.txt" "${results}/installer-files-after.txt") || rc=$?

@@ -48,8 +48,9 @@ probe_timeout=${KT_VM_PROBE_TIMEOUT:-15}
 
 # The guest kernel's modules the initramfs loads, in this order (with their dependencies first):
 # the 9p shares, overlayfs for containerd's snapshotter, the NIC's own driver, vfio-pci, and
-# virtio-net for a scenario that reaches the host (k8s-test's API server).
-modules=(virtio_pci 9pnet_virtio 9p overlay e1000e vfio_iommu_type1 vfio-pci virtio_net)
+# virtio-net for a scenario that reaches the host (k8s-test's API server), bridge and veth for
+# k8s-test's pod network (the CNI bridge plugin).
+modules=(virtio_pci 9pnet_virtio 9p overlay e1000e vfio_iommu_type1 vfio-pci virtio_net bridge veth)
 
 say() { printf '%s: %s\n' "${scenario}" "$*" >&2; }
 die() { say "error: $*"; exit 2; }
