@@ -151,11 +151,25 @@ setup_containerd() {
   say "$(cat "${results}/containerd.version") up, images imported"
 }
 
+# The kubelet runs under a supervisor too, as systemd's Restart=always would: a kubelet started
+# while containerd's socket is not back yet exits ("get remote runtime typed version failed"),
+# and the next one, a second later, finds it. kubelet_pid is the supervisor (TERM stops both);
+# ${run}/kubelet.pid names the kubelet itself.
 kubelet_pid=""
 start_kubelet() {
-  "${k8s}/kubelet" --config "${kubelet_root}/config.yaml" --kubeconfig "${results}/k8s/kubelet.kubeconfig" \
-    --root-dir "${kubelet_root}" --hostname-override "${node}" --node-ip 10.0.2.15 --v 2 \
-    < /dev/null >> "${results}/kubelet.log" 2>&1 &
+  (
+    child=""
+    trap 'kill -TERM "${child}" 2> /dev/null; wait "${child}" 2> /dev/null; exit 0' TERM
+    while :; do
+      "${k8s}/kubelet" --config "${kubelet_root}/config.yaml" --kubeconfig "${results}/k8s/kubelet.kubeconfig" \
+        --root-dir "${kubelet_root}" --hostname-override "${node}" --node-ip 10.0.2.15 --v 2 \
+        < /dev/null >> "${results}/kubelet.log" 2>&1 &
+      child=$!
+      echo "${child}" > "${run}/kubelet.pid"
+      wait "${child}" || true
+      sleep 1
+    done
+  ) &
   kubelet_pid=$!
 }
 
@@ -590,12 +604,14 @@ step_kubelet_stopped() {
   id=$(k get pod kt-late -o jsonpath='{.status.containerStatuses[0].containerID}')
   id=${id#containerd://}
   mib=$(($(node0_mib) + 384))
-  kill -STOP "${kubelet_pid}" 2> /dev/null || { record kubelet-stopped false "" "no kubelet to stop"; return 1; }
+  local kubelet
+  kubelet=$(cat "${run}/kubelet.pid" 2> /dev/null || true)
+  kill -STOP "${kubelet:-0}" 2> /dev/null || { record kubelet-stopped false "" "no kubelet to stop"; return 1; }
   mark=$(log_mark)
   t0=$(date +%s%N)
   cri update "${id}" --cpus 0-1 --memory $((mib << 20)) 2> "${run}/err" || rc=$?
   t1=$(date +%s%N)
-  kill -CONT "${kubelet_pid}" 2> /dev/null || true
+  kill -CONT "${kubelet}" 2> /dev/null || true
   ms=$(((t1 - t0) / 1000000))
   poll 20 logged_since "${mark}" 'kubelet-intent-unavailable' || true
   rules=$(rules_since "${mark}" '.pod_name == "kt-late" and .operation == "update"')
