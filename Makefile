@@ -145,6 +145,8 @@ ifeq ($(KT_CLOUD_HYPERVISOR),)
 endif
 ifeq ($(strip $(CONTAINERD_BIN)),)
 	@echo "== integration leg 1: Debian's $$(containerd --version | cut -d' ' -f2-3)"
+	@# The NRI plugin's tests (integration/tests/nri.rs) need containerd 2.x in both legs.
+	@if [ -f "$(CONTAINERD2_ARCHIVE)" ]; then $(MAKE) --no-print-directory containerd2; fi
 	@$(TIMED) timed "integration leg 1 (containerd 1.6)" 'env -u KT_CONTAINERD_BIN $(INTEGRATION_TEST)'
 	@$(TIMED) if [ -f "$(CONTAINERD2_ARCHIVE)" ]; then \
 	  $(MAKE) --no-print-directory containerd2 && \
