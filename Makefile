@@ -223,7 +223,7 @@ k8s-test: deps build-all k8s $(if $(wildcard $(CONTAINERD2_ARCHIVE)),containerd2
 	legs="k8s-test:"; [ -x $(CONTAINERD2_BIN)/containerd ] && legs="$$legs k8s-test-containerd2:$(CONTAINERD2_BIN)"; \
 	for leg in $$legs; do \
 	  name=$${leg%%:*}; cbin=$${leg#*:}; \
-	  timed "$$name" "KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-1800} \
+	  timed "$$name" "KT_K8S_BIN=$$bins KT_K8S_CONTAINERD_BIN=$$cbin KT_VM_OUT=$$name KT_VM_TIMEOUT=$${KT_VM_TIMEOUT:-2400} \
 	    bash integration/vm-test/run.sh k8s-test" || rc=1; \
 	  passed=$$(( passed + $$(jq -r '.passed // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
 	  total=$$(( total + $$(jq -r '.total // 0' target/$$name/report.json 2> /dev/null || echo 0) )); \
