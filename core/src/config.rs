@@ -190,7 +190,18 @@ pub struct Config {
     /// `kata-topo-nri`'s plugin index: two digits; NRI calls plugins in ascending order.
     #[serde(default = "default_nri_plugin_index")]
     pub nri_plugin_index: String,
+    /// The longest `kata-topo-nri` takes to answer a request, in milliseconds (default 200;
+    /// never more than half of the runtime's plugin request timeout): a check still running
+    /// then is answered "no adjustment" and logged `nri-unchecked`.
+    #[serde(default = "default_nri_answer_ms")]
+    pub nri_answer_ms: u64,
 }
+
+fn default_nri_answer_ms() -> u64 {
+    200
+}
+/// The longest `nri_answer_ms` accepted (the runtime's own timeout halves it further).
+pub const MAX_NRI_ANSWER_MS: u64 = 5000;
 
 fn default_nri_socket() -> PathBuf {
     PathBuf::from("/var/run/nri/nri.sock")
@@ -232,6 +243,7 @@ impl Default for Config {
             nri_socket: default_nri_socket(),
             nri_runtime_handlers: Vec::new(),
             nri_plugin_index: default_nri_plugin_index(),
+            nri_answer_ms: default_nri_answer_ms(),
         }
     }
 }
@@ -310,6 +322,15 @@ impl Config {
                 &format!(
                     "must be between 1 and {MAX_API_TIMEOUT_MS}, not {}",
                     self.api_timeout_ms
+                ),
+            ));
+        }
+        if self.nri_answer_ms == 0 || self.nri_answer_ms > MAX_NRI_ANSWER_MS {
+            return Err(invalid(
+                "nri_answer_ms",
+                &format!(
+                    "must be between 1 and {MAX_NRI_ANSWER_MS}, not {}",
+                    self.nri_answer_ms
                 ),
             ));
         }
@@ -520,6 +541,7 @@ api_timeout_ms = 250
 nri_socket = "/run/nri/nri.sock"
 nri_runtime_handlers = ["kata", "kata-qemu"]
 nri_plugin_index = "05"
+nri_answer_ms = 600
 "#,
         )
         .expect("valid");
@@ -563,6 +585,7 @@ nri_plugin_index = "05"
         assert_eq!(c.nri_socket, Path::new("/run/nri/nri.sock"));
         assert_eq!(c.nri_runtime_handlers, ["kata", "kata-qemu"]);
         assert_eq!(c.nri_plugin_index, "05");
+        assert_eq!(c.nri_answer_ms, 600);
         // An empty kubeconfig switches the affinity check off.
         let off = parse("[topology_guard]\nkubeconfig = \"\"\nkubelet_config_dir = \"\"\n")
             .expect("valid");
@@ -597,6 +620,7 @@ nri_plugin_index = "05"
         assert_eq!(c.nri_socket, Path::new("/var/run/nri/nri.sock"));
         assert!(c.nri_runtime_handlers.is_empty());
         assert_eq!(c.nri_plugin_index, "90");
+        assert_eq!(c.nri_answer_ms, 200);
     }
 
     #[test]
@@ -633,6 +657,8 @@ nri_plugin_index = "05"
             ("kubeconfig = \"kubelet.conf\"", "kubeconfig"),
             ("kubeconfig = 1", "kubeconfig"),
             ("api_timeout_ms = 0", "api_timeout_ms"),
+            ("nri_answer_ms = 0", "nri_answer_ms"),
+            ("nri_answer_ms = 5001", "nri_answer_ms"),
             ("api_timeout_ms = 60000", "api_timeout_ms"),
             ("node_name = \"Worker_1\"", "node_name"),
             ("node_name = \"\"", "node_name"),

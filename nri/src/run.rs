@@ -18,10 +18,6 @@ use kata_topo_sinks::{Drops, Events, Log};
 use crate::front::Front;
 use crate::session::{serve, End, Settings};
 
-/// The longest an answer takes, whatever the runtime's timeout: a tenth of containerd's
-/// default 2 s.
-pub const BUDGET: Duration = Duration::from_millis(200);
-
 /// How long to wait before connecting again.
 const RECONNECT: Duration = Duration::from_millis(500);
 
@@ -97,7 +93,7 @@ pub fn real_main() -> ExitCode {
     slog::info!(log, "NRI plugin started"; "event" => "nri-started", "pid" => std::process::id(),
         "config" => resolved.file.as_ref().map(|p| p.display().to_string()),
         "config_source" => resolved.source.as_str(), "nri_socket" => config.nri_socket.display().to_string(),
-        "plugin_index" => &config.nri_plugin_index, "runtime_handlers" => format!("{:?}", config.nri_runtime_handlers),
+        "plugin_index" => &config.nri_plugin_index, "answer_ms" => config.nri_answer_ms, "runtime_handlers" => format!("{:?}", config.nri_runtime_handlers),
         "version" => VERSION);
     let sinks = Sinks {
         log: log.clone(),
@@ -109,7 +105,7 @@ pub fn real_main() -> ExitCode {
     let stop = watch_signals(Arc::clone(&current), log_handle.clone());
     let settings = Settings {
         index: config.nri_plugin_index.clone(),
-        budget: BUDGET,
+        budget: Duration::from_millis(config.nri_answer_ms),
     };
     let socket = config.nri_socket.display().to_string();
     let mut unavailable_said = false;
