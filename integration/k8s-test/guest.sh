@@ -18,11 +18,59 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/steps-affinity.sh"
 # shellcheck source=integration/k8s-test/steps-installer.sh
 . "$(dirname "${BASH_SOURCE[0]}")/steps-installer.sh"
+results=${results:-/vm-test-results}
+# shellcheck source=integration/k8s-test/steps-seed.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps-seed.sh"
+# shellcheck source=integration/k8s-test/steps-nri.sh
+. "$(dirname "${BASH_SOURCE[0]}")/steps-nri.sh"
 
-STEPS=(node pod-network guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart
-  kubelet-containerd-restart pool-grows kubelet-stopped "${installer_steps[@]}" "${AFFINITY_STEPS[@]}" cleanup)
+# The stories, each its own set-up and steps; `node` (the node's own checks) and `cleanup`
+# always run. KT_K8S_STEPS (make k8s-test STEPS=...; the host passes it on in k8s/steps) names
+# the stories to run, by story or by one of its steps; all when empty.
+declare -A STORY_STEPS=(
+  [node]="node pod-network"
+  [core]="guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart kubelet-containerd-restart pool-grows kubelet-stopped"
+  [installer]="${installer_steps[*]}"
+  [affinity]="${AFFINITY_STEPS[*]}"
+  [seed]="${SEED_STEPS[*]}"
+  [nri]="${NRI_STEPS[*]}"
+  [hold]="node-b hold"
+  [cleanup]="cleanup host-clean"
+)
+# hold (make k8s-up) is never among "all": it keeps the cluster up until make k8s-down.
+STORIES=(node core installer affinity seed nri hold cleanup)
+wanted_stories=""
+choose_stories() { # SELECTION: sets wanted_stories; an unknown name is an error
+  local w s found
+  wanted_stories="node cleanup"
+  if [ -z "${1// /}" ]; then wanted_stories="${STORIES[*]/hold/}"; return 0; fi
+  for w in ${1//,/ }; do
+    found=""
+    for s in "${STORIES[@]}"; do
+      if [ "${w}" = "${s}" ] || grep -qw -- "${w}" <<< "${STORY_STEPS[${s}]}"; then
+        found=${s}
+        grep -qw "${s}" <<< "${wanted_stories}" || wanted_stories="${wanted_stories} ${s}"
+        break
+      fi
+    done
+    [ -n "${found}" ] || { echo "STEPS: no story or step ${w} (stories: ${STORIES[*]})" >&2; return 1; }
+  done
+}
+wanted() { grep -qw -- "$1" <<< "${wanted_stories}"; }
+STEPS=()
+list_steps() {
+  local s
+  STEPS=()
+  for s in "${STORIES[@]}"; do
+    wanted "${s}" || continue
+    # shellcheck disable=SC2206 # the lists are words
+    STEPS+=(${STORY_STEPS[${s}]})
+  done
+}
 
 if [ "${1:-}" = --list-steps ]; then
+  choose_stories "${KT_K8S_STEPS:-}" || exit 2
+  list_steps
   printf '%s\n' "${STEPS[@]}"
   exit 0
 fi
@@ -40,13 +88,19 @@ k() { timeout 60 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig"
 k_kustomize() { timeout 300 "${k8s}/kubectl" --kubeconfig "${results}/k8s/admin.kubeconfig" "$@"; }
 
 # Polls COMMAND every second for at most SECONDS; its last output is in ${run}/poll.
+# A wait of more than 20 s is said on the console (where a slow step spends its time).
 poll() { # SECONDS COMMAND...
-  local n=$1
+  local n=$1 t0
   shift
+  t0=$(date +%s)
   for _ in $(seq 1 "${n}"); do
-    if "$@" > "${run}/poll" 2>&1; then return 0; fi
+    if "$@" > "${run}/poll" 2>&1; then
+      [ $(($(date +%s) - t0)) -le 20 ] || say "waited $(($(date +%s) - t0)) s for: $*" >&2
+      return 0
+    fi
     sleep 1
   done
+  say "gave up after $(($(date +%s) - t0)) s waiting for: $*" >&2
   return 1
 }
 
@@ -123,15 +177,24 @@ setup_containerd() {
     MODE=audit POLICY=restricted SYSFS=/sys STATE_DIR="${state}" LOG_FILE="${log}" \
     METRICS_DIR="${metrics}" REFRESH_SECONDS=5 KUBELET_TIMEOUT_MS=2000 \
     KUBECONFIG="${run}/kubelet.kubeconfig" NODE_NAME="${node}" API_TIMEOUT_MS="${api_timeout_ms}" \
-    > "${run}/kata-topo.toml" || return 1
+    NRI_ANSWER_MS=4000 > "${run}/kata-topo.toml" || return 1
+  # kata-topo-nri (the nri story) answers within nri_answer_ms, never more than half of
+  # containerd's plugin_request_timeout: under TCG a check reading the kubelet and the API
+  # server takes seconds (a real node's, well under 200 ms, the default), so 4 s of 8.
   # A node's containerd: the kata-topo handler with the pod annotations allow-listed, runc the
   # default, the pod network of cni.conflist (make k8s's CNI plugins); configuration version 3
   # for containerd 2.x. It imports a directory, where the installer's steps drop their handler.
   # Shims get -debug: the wrapper logs each update request whole (event update-request), which
   # the run keeps as the real kubelet's requests.
-  local layout=V2=1
-  [ -z "${containerd_bin}" ] || layout=V3=1
-  "${templates}/render.sh" "${templates}/containerd.toml" "${layout}" \
+  # containerd 2.x with NRI on (its default), for the nri story's plugin; no plugin connects
+  # unless that story runs.
+  local layout=V2=1 nri=()
+  if [ -n "${containerd_bin}" ]; then
+    layout=V3=1
+    nri=(NRI_SOCKET=/run/nri/nri.sock NRI_DIR="${run}/nri" NRI_TIMEOUT=8s)
+    mkdir -p /run/nri "${run}/nri/plugins" "${run}/nri/conf.d"
+  fi
+  "${templates}/render.sh" "${templates}/containerd.toml" "${layout}" "${nri[@]}" \
     IMPORTS="${run}/containerd.d/*.toml" ROOT=/var/lib/containerd STATE=/run/containerd \
     ADDRESS="${sock}" SANDBOX_IMAGE=localhost/kata-topo/pause:1 CNI="${run}/cni" DEBUG=1 \
     > "${run}/containerd.toml" || return 1
@@ -147,6 +210,9 @@ setup_containerd() {
     ctr -a "${sock}" -n k8s.io images import "${ws}/target/kata-topo-images/${image}.tar" > /dev/null \
       || { setup_error="ctr images import ${image}.tar failed"; return 1; }
   done
+  # A second tag of the same image: what the seed story's in-place image change sets.
+  ctr -a "${sock}" -n k8s.io images tag localhost/kata-topo/busybox:1 localhost/kata-topo/busybox:2 > /dev/null \
+    || { setup_error="ctr images tag busybox:2 failed"; return 1; }
   containerd --version > "${results}/containerd.version"
   say "$(cat "${results}/containerd.version") up, images imported"
 }
@@ -227,11 +293,15 @@ EOF
     | k apply -f - > /dev/null || { setup_error="cannot create the RuntimeClass"; return 1; }
 }
 
-# The node as the report names it: its conditions, addresses and taints.
-node_json() {
-  k get node "${node}" -o json 2> /dev/null | jq -c '{name: .metadata.name,
+# The nodes as the report names them: conditions, taints, allocatable, versions.
+node_json() { nodes_json; }
+nodes_json() {
+  k get nodes -o json 2> /dev/null | jq -c '[.items[] | {name: .metadata.name,
       conditions: [.status.conditions[] | {type, status, reason}],
-      taints: (.spec.taints // []), allocatable: .status.allocatable}' > "${results}/k8s/node.json" || true
+      taints: (.spec.taints // []), allocatable: .status.allocatable,
+      kubelet: .status.nodeInfo.kubeletVersion, runtime: .status.nodeInfo.containerRuntimeVersion}]' \
+    > "${results}/k8s/nodes.json.tmp" || true
+  mv "${results}/k8s/nodes.json.tmp" "${results}/k8s/nodes.json" 2> /dev/null || true
 }
 
 plugin_pid=""
@@ -318,9 +388,12 @@ memory_max_of() { # NAME: the memory limit in force in the container's cgroup
 }
 
 # Whether the wrapper keeps a verdict for pod NAME's container app matching the jq FILTER.
+# (kata-topo status exits 1 when it shows a finding: its output is what counts here.)
 has_verdict() { # NAME FILTER
-  "${bin}/kata-topo" status --state-dir "${state}" --json 2> /dev/null \
-    | jq -e --arg p "$1" "[.sandboxes[].verdicts[] | .[1] | select(.pod.name == \$p and .container_name == \"app\") | select($2)] | length > 0" > /dev/null
+  local status
+  status=$("${bin}/kata-topo" status --state-dir "${state}" --json 2> /dev/null || true)
+  jq -e --arg p "$1" "[.sandboxes[].verdicts[] | .[1] | select(.pod.name == \$p and .container_name == \"app\") | select($2)] | length > 0" \
+    <<< "${status}" > /dev/null 2>&1
 }
 
 # Whether kubectl's jsonpath PATH of pod NAME is VALUE (is_at_least: a number at least VALUE).
@@ -388,6 +461,12 @@ start_shared_pod() {
   pod kt-shared burstable
   poll 180 ready kt-shared || return 1
   say "kt-shared runs on CPUs $(cpuset_of kt-shared)"
+}
+
+# The core story's first step: the shared-pool pod started, then the Guaranteed pod.
+core_admission() {
+  start_shared_pod || true
+  step_guaranteed_admission
 }
 
 # (a) A Guaranteed pod with the VFIO NIC, admitted by the Topology Manager on node 1.
@@ -643,20 +722,87 @@ step_cleanup() {
     [ -z "${left}" ] && break
     sleep 0.2
   done
+  # Node B (when it joined): nothing of its pods left on the host either.
+  local b_left=""
+  for _ in $(seq 1 10); do
+    b_left=$(node_b_leftovers)
+    [ -z "${b_left}" ] && break
+    sleep 2
+  done
+  left="${left}${left:+${b_left:+$'\n'}}${b_left}"
   local status rc=0
   status=$("${bin}/kata-topo" status --state-dir "${state}" 2>&1) || rc=$?
   status=$(head -n 1 <<< "${status}")
   local detail
   detail="kubectl delete pods --all; pods left: $(k get pods -o name | wc -l); kt-enforce's refused resize: ${retries} tries by the kubelet, announced ${once} time(s); kata-topo status exit ${rc}: ${status}"
-  if [ -z "${left}" ] && [ "${rc}" = 0 ] && [ "${once}" = 1 ] && [ "${retries}" -ge 2 ]; then
+  # The refused resize's count is the core story's (kt-enforce is its pod).
+  local enforce_ok=yes
+  if wanted core; then
+    [ "${once}" = 1 ] && [ "${retries}" -ge 2 ] || enforce_ok=no
+  else
+    detail="${detail} (the core story did not run: no kt-enforce to count)"
+  fi
+  if [ -z "${left}" ] && [ "${rc}" = 0 ] && [ "${enforce_ok}" = yes ]; then
     record cleanup true "" "${detail}; no shim process, socket, state or metrics left"
   else
     record cleanup false "" "${detail}; left: $(paste -sd ';' - <<< "${left}" | cut -c 1-600)"
   fi
 }
 
+# --- stories ----------------------------------------------------------------------------------
+# begin_story NAME; st STEP FUNCTION...; end_story: a story's steps in order. Once one fails, the
+# rest of the story are recorded not run at once (what they build on failed) and the next story
+# runs on its own set-up. Each step's and each story's time is kept (steps.jsonl, stories.jsonl).
+story_name="" story_failed="" story_t0=0
+begin_story() {
+  story_name=$1 story_failed="" story_t0=$(date +%s)
+  say "story ${story_name}"
+}
+step_passed() { grep -F "\"name\":\"$1\"" "${results}/steps.jsonl" 2> /dev/null | tail -n 1 | grep -qF '"pass":true'; }
+st() { # STEP FUNCTION
+  local step=$1
+  shift
+  if [ -n "${story_failed}" ]; then
+    record "${step}" false "" "not run: ${story_failed} failed before it in story ${story_name}"
+    return 0
+  fi
+  step_t0=$(date +%s)
+  "$@" || true
+  step_passed "${step}" || story_failed=${step}
+}
+end_story() {
+  local seconds=$(($(date +%s) - story_t0))
+  jq -cn --arg s "${story_name}" --argjson t "${seconds}" --arg f "${story_failed}" \
+    '{story: $s, seconds: $t, failed: (if $f == "" then null else $f end)}' >> "${results}/stories.jsonl"
+  say "story ${story_name}: ${seconds} s${story_failed:+, ${story_failed} failed}"
+}
+
+# make k8s-up: the cluster kept as it is for a person with kubectl until make k8s-down asks
+# (k8s/release on the results share) or the guest's time runs out.
+step_hold() {
+  local t0
+  t0=$(date +%s)
+  : > "${results}/k8s/held"
+  say "held: both nodes up; make k8s-down ends it"
+  while [ ! -e "${results}/k8s/release" ]; do sleep 2; done
+  record hold true "" "the cluster held for $(($(date +%s) - t0)) s, released by make k8s-down"
+}
+
+installer_teardown() {
+  inst_restore
+  local p
+  for p in "${inst_follow_pids[@]}"; do kill "${p}" 2> /dev/null || true; done
+}
+
 # --- the run ----------------------------------------------------------------------------------
 main() {
+  choose_stories "$(cat "${results}/k8s/steps" 2> /dev/null || true)" || { STEPS=(node); fail_rest "setup: bad STEPS"; return 1; }
+  list_steps
+  # host-clean is the host's to record, after the guest.
+  local s guest_steps=()
+  for s in "${STEPS[@]}"; do [ "${s}" = host-clean ] || guest_steps+=("${s}"); done
+  STEPS=("${guest_steps[@]}")
+  say "stories: ${wanted_stories}"
   say "kernel $(uname -r), $(nproc) CPUs, NUMA nodes $(cat /sys/devices/system/node/online)"
   uname -r -v > "${results}/kernel.txt"
   mkdir -p "${run}/bin" "${kubelet_root}"
@@ -673,24 +819,75 @@ main() {
   if ! setup_containerd; then fail_rest "setup: ${setup_error}"; return 1; fi
   if ! setup_kubelet; then fail_rest "setup: ${setup_error}"; return 1; fi
   if ! setup_device_plugin; then fail_rest "setup: ${setup_error}"; return 1; fi
-  step_node || true
-  step_pod_network || true
-  start_shared_pod || true
-  step_guaranteed_admission || true
-  step_shared_pool_push || true
-  step_resize_audit || true
-  step_resize_enforce || true
-  step_container_restart || true
-  step_kubelet_containerd_restart || true
-  step_pool_grows || true
-  step_kubelet_stopped || true
+  begin_story node
+  st node step_node
+  st pod-network step_pod_network
+  end_story
+  if wanted core; then
+    begin_story core
+    st guaranteed-admission core_admission
+    st shared-pool-push step_shared_pool_push
+    st resize-audit step_resize_audit
+    st resize-enforce step_resize_enforce
+    st container-restart step_container_restart
+    st kubelet-containerd-restart step_kubelet_containerd_restart
+    st pool-grows step_pool_grows
+    st kubelet-stopped step_kubelet_stopped
+    end_story
+  fi
   relabel_mark=$(log_mark)
-  installer_run_steps || true
-  run_affinity_steps
-  step_cleanup || true
+  if wanted installer; then
+    begin_story installer
+    inst_dir=${run}/installer
+    st installer-install step_installer_install
+    st installer-pod step_installer_pod
+    st installer-upgrade step_installer_upgrade
+    st installer-removal step_installer_removal
+    installer_teardown
+    end_story
+  fi
+  if wanted affinity; then
+    begin_story affinity
+    st affinity-violated-audit step_affinity_violated_audit
+    st affinity-violated-enforce step_affinity_violated_enforce
+    st affinity-labels-changed step_affinity_labels_changed
+    st affinity-api-unreachable step_affinity_api_unreachable
+    affinity_teardown
+    end_story
+  fi
+  if wanted seed; then
+    begin_story seed
+    st node-b step_node_b
+    st seed-scheduled step_seed_scheduled
+    st seed-image step_seed_image
+    st seed-resize step_seed_resize
+    st seed-restart step_seed_restart
+    st seed-enforce step_seed_enforce
+    st seed-no-affinity step_seed_no_affinity
+    st seed-rolling step_seed_rolling
+    seed_teardown
+    end_story
+  fi
+  if wanted nri; then
+    begin_story nri
+    st nri-plugin step_nri_plugin
+    st nri-admission step_nri_admission
+    st nri-recreate-refused step_nri_recreate_refused
+    nri_teardown
+    end_story
+  fi
+  if wanted hold; then
+    begin_story hold
+    st node-b step_node_b
+    st hold step_hold
+    end_story
+  fi
+  begin_story cleanup
+  st cleanup step_cleanup
+  end_story
   node_json
   fail_rest "the step ended without recording a result"
-  for p in "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
+  for p in "${nri_pid}" "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do
     if [ -n "${p}" ]; then kill "${p}" 2> /dev/null || true; fi
   done
   ! grep -q '"pass":false' "${results}/steps.jsonl"

@@ -43,7 +43,7 @@ done
 # binaries read-only on /opt/k8s.
 scenario_memory_mib=1536
 scenario_shares=("k8s:${k8s_bin}:ro")
-scenario_not_covered="Kata itself: the delegate is runc (no Kata guest boots here; make kata-test runs Kata's shim and agent), so the VM view's rules are not exercised (integration/tests/vm.rs covers them against a real QEMU); the control plane runs on the host, not in the node; one node (a second node, where a rolling upgrade's new pod would go, is not built yet); a pod network on the node only (bridge and host-local; the steps' pods use the host's network, one pod checks the pod network)"
+scenario_not_covered="Kata itself: the delegate is runc (no Kata guest boots here; make kata-test runs Kata's shim and agent), so the VM view's rules are not exercised (integration/tests/vm.rs covers them against a real QEMU); the control plane runs on the host, not in a node; node B (on the host) joins after the installer's story, so the installer's rollout is watched on node A alone; no pod network across the nodes, no kube-proxy or Services; the kubectl plugin (the kubelets serve no port for kubectl exec)"
 
 pki=${out}/pki
 control=${out}/control
@@ -77,6 +77,7 @@ stop_pid() { # PID
 }
 
 scenario_down() {
+  stop_node_b
   stop_pid "${scheduler_pid}"
   scheduler_pid=""
   stop_pid "${controllers_pid}"
@@ -113,7 +114,9 @@ scenario_up() {
   started_up=$(date +%s)
   rm -rf "${pki}" "${control}"
   mkdir -p "${pki}" "${control}" "${out}/guest/k8s"
-  : > "${out}/guest/k8s/node.json"
+  : > "${out}/guest/k8s/nodes.json"
+  : > "${out}/guest/stories.jsonl"
+  printf '%s\n' "${KT_K8S_STEPS:-}" > "${out}/guest/k8s/steps"
   chmod 0700 "${pki}"
   # A CA of this run only, the API server's certificate for the host's loopback and the
   # guest's forwarded address, the service-account keys, and two tokens: the operator
@@ -130,11 +133,12 @@ scenario_up() {
     openssl genrsa -out sa.key 2048
     openssl rsa -in sa.key -pubout -out sa.pub
   ) > "${control}/openssl.log" 2>&1 || die "making the test cluster's certificates failed: $(tail -n 3 "${control}/openssl.log")"
-  local admin_token node_token
+  local admin_token node_token node_b_token
   admin_token=$(openssl rand -hex 16)
   node_token=$(openssl rand -hex 16)
-  printf '%s,admin,admin,system:masters\n%s,system:node:kata-topo-vm,node-kata-topo-vm,system:nodes\n' \
-    "${admin_token}" "${node_token}" > "${pki}/tokens.csv"
+  node_b_token=$(openssl rand -hex 16)
+  printf '%s,admin,admin,system:masters\n%s,system:node:kata-topo-vm,node-kata-topo-vm,system:nodes\n%s,system:node:kata-topo-b,node-kata-topo-b,system:nodes\n' \
+    "${admin_token}" "${node_token}" "${node_b_token}" > "${pki}/tokens.csv"
 
   local etcd_port peer_port
   if ! { etcd_port=$(free_port) && peer_port=$(free_port) && api_port=$(free_port); }; then
@@ -199,6 +203,14 @@ scenario_up() {
   kubeconfig https://10.0.2.100:6443 "${admin_token}" "${pki}/ca.crt" > "${out}/guest/k8s/admin.kubeconfig"
   kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
   cp "${pki}/ca.crt" "${out}/guest/k8s/ca.crt"
+  (umask 077 && kubeconfig "https://127.0.0.1:${api_port}" "${node_b_token}" "${pki}/ca.crt" > "${pki}/node-b.kubeconfig")
+  # Node B only for the stories that use it.
+  if grep -qx node-b <<< "$(KT_K8S_STEPS=${KT_K8S_STEPS:-} bash "${workspace}/integration/k8s-test/guest.sh" --list-steps)"; then
+    start_node_b
+  else
+    mkdir -p "${out}/guest/node-b"
+    echo "not started" > "${out}/guest/node-b/status"
+  fi
   printf '%s\n' "${containerd_bin}" > "${out}/guest/k8s/containerd-bin"
   # The installer's image in two versions (integration/k8s-test/steps-installer.sh upgrades
   # from the first to the second): the workspace's version, and the same build stamped -next.
@@ -224,6 +236,61 @@ scenario_up() {
   )
 }
 
+# Node B (node-b.sh): its data under target/k8s-test/node-b, what the guest reads of it (logs,
+# the wrapper's state) and its request files under guest/node-b.
+node_b_pid=""
+node_b_lock=""
+node_b_env() {
+  env NODE_B_DIR="${out}/node-b" NODE_B_SHARE="${out}/guest/node-b" KT_K8S_BIN="${k8s_bin}" \
+    WORKSPACE="${workspace}" NODE_B_KUBECONFIG="${pki}/node-b.kubeconfig" "$@"
+}
+start_node_b() {
+  local script=${workspace}/integration/k8s-test/node-b.sh
+  # Node B's name, address, bridge and cgroup root are this host's: one run at a time holds
+  # them (make k8s-test and make k8s-up included), the lock held until this script exits.
+  exec {node_b_lock}> /run/lock/kata-topo-node-b.lock
+  flock -n "${node_b_lock}" || die "another make k8s-test or make k8s-up runs node B on this host (make k8s-down ends the latter)"
+  node_b_env bash "${script}" clean > /dev/null 2>&1 || true
+  rm -rf "${out}/guest/node-b"
+  mkdir -p "${out}/guest/node-b"
+  node_b_env bash "${script}" save || die "node B: cannot read the kernel settings it would change"
+  node_b_env setpriv --pdeathsig KILL unshare --mount --propagation private --pid --fork --kill-child=KILL \
+    --mount-proc bash "${script}" run < /dev/null > "${out}/guest/node-b/run.log" 2>&1 &
+  node_b_pid=$!
+  local s=""
+  for _ in $(seq 1 240); do
+    s=$(cat "${out}/guest/node-b/status" 2> /dev/null || true)
+    [ -z "${s}" ] || break
+    kill -0 "${node_b_pid}" 2> /dev/null || break
+    sleep 0.5
+  done
+  # A node B that did not come up fails its story in the guest (the node-b step), not the run.
+  say "node B (kata-topo-b, on this host): ${s:-did not start}$( [ "${s}" = containerd ] || echo ": $(tail -n 3 "${out}/guest/node-b/run.log" "${out}/guest/node-b/node-b.log" 2> /dev/null | paste -sd ' ')")"
+}
+node_b_left=""
+stop_node_b() {
+  [ -n "${node_b_pid}" ] || return 0
+  stop_pid "${node_b_pid}"
+  node_b_pid=""
+  node_b_left=$(node_b_env bash "${workspace}/integration/k8s-test/node-b.sh" clean 2>&1 || true)
+}
+
+# After the guest: node B stopped and removed; the host-clean step (when the steps include it)
+# says what was left on this host.
+scenario_finish() {
+  grep -qx host-clean <<< "$(KT_K8S_STEPS=${KT_K8S_STEPS:-} bash "${workspace}/integration/k8s-test/guest.sh" --list-steps)" || { stop_node_b; return 0; }
+  local before="" procs
+  before=$(cat "${out}/guest/node-b/leftovers" 2> /dev/null || true)
+  stop_node_b
+  procs=$({ grep -l "kata-topo-b" /proc/[0-9]*/cgroup 2> /dev/null || true; } | wc -l)
+  local detail="node B stopped: its namespace's processes killed, then node-b.sh clean: ${node_b_left:-nothing left}; processes in its cgroups after: ${procs}; the guest's last leftovers check on node B: ${before:-nothing}"
+  [ "$(cat "${out}/guest/node-b/status" 2> /dev/null)" != "not started" ] || detail="node B not started (no story of this run uses it); processes in its cgroups: ${procs}"
+  local pass=false
+  [ -z "${node_b_left}" ] && [ "${procs}" = 0 ] && pass=true
+  jq -cn --argjson pass "${pass}" --arg detail "${detail}" \
+    '{name: "host-clean", pass: $pass, rules: [], detail: $detail}' >> "${out}/guest/steps.jsonl"
+}
+
 scenario_report() {
   local v
   jq -n \
@@ -233,8 +300,12 @@ scenario_report() {
     --arg scheduler "$(cat "${out}/guest/k8s/kube-scheduler.version" 2> /dev/null || echo unknown)" \
     --arg controllers "$(cat "${out}/guest/k8s/kube-controller-manager.version" 2> /dev/null || echo unknown)" \
     --arg cni "$(cat "${out}/guest/k8s/cni.version" 2> /dev/null || echo unknown)" \
-    --slurpfile node "${out}/guest/k8s/node.json" \
+    --slurpfile nodes "${out}/guest/k8s/nodes.json" \
+    --arg node_b_containerd "$(cat "${out}/guest/node-b/containerd.version" 2> /dev/null || echo unknown)" \
+    --arg node_b_kubelet "$(cat "${out}/guest/node-b/kubelet.version" 2> /dev/null || echo "not started")" \
+    --arg stories "${KT_K8S_STEPS:-all}" \
+    --slurpfile story_times "${out}/guest/stories.jsonl" \
     --arg etcd "$(v=$(cat "${out}/guest/k8s/etcd.version" 2> /dev/null) && echo "${v}" || echo unknown)" \
     --arg containerd "$(cat "${out}/guest/containerd.version" 2> /dev/null || echo unknown)" \
-    '{versions: {kubelet: $kubelet, kubectl: $kubectl, "kube-apiserver": $apiserver, "kube-scheduler": $scheduler, "kube-controller-manager": $controllers, etcd: $etcd, containerd: $containerd, cni: $cni}, node: ($node[0] // null)}'
+    '{versions: {kubelet: $kubelet, kubectl: $kubectl, "kube-apiserver": $apiserver, "kube-scheduler": $scheduler, "kube-controller-manager": $controllers, etcd: $etcd, containerd: $containerd, cni: $cni, "node-b kubelet": $node_b_kubelet, "node-b containerd": $node_b_containerd}, nodes: ($nodes[0] // null), stories: $stories, story_seconds: $story_times}'
 }

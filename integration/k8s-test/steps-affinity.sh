@@ -215,15 +215,12 @@ step_affinity_api_unreachable() {
   else
     record affinity-api-unreachable false "${rules}" "expected the update through with node-labels-unavailable: ${detail}"
   fi
-  # The ReplicaSet and the labels go; the pods go with every other in cleanup. kubectl waits
-  # for the API server's connection to come back.
-  poll 60 k delete rs kt-affinity kt-affinity-enforce --wait=false > /dev/null 2>&1 || true
-  k label node "${node}" kata-topo.io/nic- kata-topo.io/cores- > /dev/null 2>&1 || true
 }
 
-run_affinity_steps() {
-  step_affinity_violated_audit || true
-  step_affinity_violated_enforce || true
-  step_affinity_labels_changed || true
-  step_affinity_api_unreachable || true
+# The ReplicaSets and the labels go; the pods go with every other in cleanup. kubectl waits for
+# the API server's connection to come back.
+affinity_teardown() {
+  ip route del 10.0.2.100/32 via 10.0.2.99 2> /dev/null || true
+  poll 60 k delete rs kt-affinity kt-affinity-enforce --ignore-not-found --wait=false > /dev/null 2>&1 || true
+  k label node "${node}" kata-topo.io/nic- kata-topo.io/cores- > /dev/null 2>&1 || true
 }

@@ -381,14 +381,3 @@ inst_restore_plugin() {
     plugin_pid=$!
   fi
 }
-
-installer_run_steps() {
-  inst_dir=${run}/installer
-  step_installer_install || true
-  step_installer_pod || true
-  step_installer_upgrade || true
-  step_installer_removal || true
-  inst_restore
-  local p
-  for p in "${inst_follow_pids[@]}"; do kill "${p}" 2> /dev/null || true; done
-}

@@ -37,11 +37,19 @@ if [ "$$" = 1 ]; then
 fi
 
 # --- results ----------------------------------------------------------------------------------
+# A step's seconds count from step_t0 when its runner set it (k8s-test's stories), else from
+# the previous record.
+record_t=$(date +%s)
+step_t0=""
 record() { # NAME PASS(true|false) RULES DETAIL
-  jq -cn --arg name "$1" --argjson pass "$2" --arg rules "$3" --arg detail "$4" \
-    '{name: $name, pass: $pass, rules: ($rules | split(" ") | map(select(. != ""))), detail: $detail}' \
+  local now seconds
+  now=$(date +%s)
+  seconds=$((now - ${step_t0:-${record_t}}))
+  record_t=${now} step_t0=""
+  jq -cn --arg name "$1" --argjson pass "$2" --arg rules "$3" --arg detail "$4" --argjson seconds "${seconds}" \
+    '{name: $name, pass: $pass, rules: ($rules | split(" ") | map(select(. != ""))), seconds: $seconds, detail: $detail}' \
     >> "${results}/steps.jsonl"
-  say "$([ "$2" = true ] && echo pass || echo FAIL) $1 [$3]"
+  say "$([ "$2" = true ] && echo pass || echo FAIL) $1 [$3] ${seconds} s"
 }
 
 # Every step not recorded yet fails with REASON.

@@ -313,6 +313,10 @@ if [ ! -f "${out}/guest/finished" ]; then
   tail -n 15 "${out}/serial.log" >&2
 fi
 
+# What the scenario's host side does once the guest has ended (k8s-test: stops its second node
+# and records what it left).
+if declare -F scenario_finish > /dev/null; then scenario_finish || true; fi
+
 # --- the report -------------------------------------------------------------------------------
 # Every step runs the same under TCG and KVM. What this guest cannot show under either: no VM
 # runs inside it (neither TCG nor this kind of host gives it nested virtualisation).
@@ -348,7 +352,7 @@ jq -n \
   > "${out}/report.json"
 
 for name in "${names[@]}"; do
-  jq -r --arg n "${name}" 'select(.name == $n) | "\(if .pass then "pass" else "FAIL" end) \(.name) [\(.rules | join(","))]: \(.detail)"' "${steps}" | head -n 1 >&2
+  jq -r --arg n "${name}" 'select(.name == $n) | "\(if .pass then "pass" else "FAIL" end) \(.name) [\(.rules | join(","))]\(if .seconds then " \(.seconds) s" else "" end): \(.detail)"' "${steps}" | head -n 1 >&2
 done
 passed=$(jq .passed "${out}/report.json")
 total=$(jq .total "${out}/report.json")
