@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the OCI image archives the tests and the demo import into containerd, from Debian's
 # busybox-static (no registry is reachable): a pause image and a busybox image; with
-# --installer, the installer's image (deploy/installer/): the kata-topo-installer binary and
-# kata-topo's binaries with the libraries they link, nothing else (no shell, no kubectl: the
-# installer does its own API calls, its wait, its preStop hook and its nsenter).
+# --installer, the installer's image (deploy/installer/, and the NRI plugin's DaemonSet,
+# deploy/nri/): the kata-topo-installer binary and kata-topo's binaries with the libraries they
+# link, nothing else (no shell, no kubectl: the installer does its own API calls, its wait, its
+# preStop hook and its nsenter).
 #   build.sh OUTDIR   ->  OUTDIR/pause.tar (localhost/kata-topo/pause:1)
 #                         OUTDIR/busybox.tar (localhost/kata-topo/busybox:1)
 #   build.sh --installer VERSION BINDIR OUTDIR
@@ -74,13 +75,14 @@ if [ -n "$installer_version" ]; then
     objcopy --strip-all --add-section .kata_topo_image="$work/section" "$1" "$2"
     add_libs "$2"
   }
-  for b in containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin; do
+  for b in containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin kata-topo-nri; do
     stamp "$installer_bins/$b" "$payload/bin/$b"
   done
   stamp "$installer_bins/kata-topo-installer" "$payload/kata-topo-installer"
-  # On PATH in the container: the device plugin's DaemonSet runs it from there, and
-  # `kubectl exec` into the installer's pod finds kata-topo.
-  for b in kata-topo kata-topo-device-plugin; do
+  # On PATH in the container: the device plugin's and the NRI plugin's DaemonSets run them from
+  # there, and `kubectl exec` into the installer's pod finds kata-topo. (The installer puts on
+  # the node only the binaries a node runs itself: kata-topo-nri runs in its own pod.)
+  for b in kata-topo kata-topo-device-plugin kata-topo-nri; do
     ln -s "/opt/kata-topo-payload/bin/$b" "$root/usr/local/bin/$b"
   done
   ln -s /opt/kata-topo-payload/kata-topo-installer "$root/usr/local/bin/kata-topo-installer"

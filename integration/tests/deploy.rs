@@ -256,6 +256,229 @@ fn the_device_plugin_daemonset_and_unit_run_the_binary_with_flags_it_accepts() {
     assert_eq!(value("WantedBy"), "multi-user.target");
 }
 
+fn yaml_docs(path: &Path) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            <serde_yaml::Value as serde::Deserialize>::deserialize(d)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .collect()
+}
+
+fn strings(v: &serde_yaml::Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .map(|a| a.as_str().expect("a string").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The images of the containers of every object a kustomization builds (its resources,
+/// through the bases it names).
+fn kustomized_images(dir: &Path) -> Vec<String> {
+    let k = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    let mut images = Vec::new();
+    for r in strings(&k["resources"]) {
+        let path = dir.join(&r);
+        assert!(path.exists(), "{}: resource {r} is missing", dir.display());
+        if path.is_dir() {
+            images.extend(kustomized_images(&path));
+            continue;
+        }
+        for doc in yaml_docs(&path) {
+            for c in doc["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+            {
+                images.push(c["image"].as_str().expect("image").to_string());
+            }
+        }
+    }
+    for g in k["configMapGenerator"].as_sequence().into_iter().flatten() {
+        for f in strings(&g["files"]) {
+            assert!(dir.join(&f).is_file(), "{}: {f} is missing", dir.display());
+        }
+    }
+    images
+}
+
+/// Every kustomize base of `deploy/`: what it lists exists, and each image it sets a tag on is
+/// an image its containers run (kustomize changes nothing, silently, for a name no container
+/// has).
+#[test]
+fn every_kustomization_lists_what_exists_and_tags_images_its_containers_run() {
+    let mut bases = 0;
+    for e in std::fs::read_dir(workspace().join("deploy")).expect("deploy/") {
+        let dir = e.expect("entry").path();
+        if !dir.join("kustomization.yaml").is_file() {
+            continue;
+        }
+        bases += 1;
+        let images = kustomized_images(&dir);
+        let k = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+        for i in k["images"].as_sequence().into_iter().flatten() {
+            let name = i["name"].as_str().expect("name");
+            assert!(
+                images
+                    .iter()
+                    .any(|c| c == name || c.starts_with(&format!("{name}:"))),
+                "{}: no container runs {name}: {images:?}",
+                dir.display()
+            );
+        }
+    }
+    assert!(bases >= 4, "deploy/ has its kustomize bases: {bases}");
+}
+
+/// The NRI plugin's DaemonSet (`deploy/nri/`): the flags it runs the binary with are the
+/// binary's own (`--help`), its configuration is one the core reads (every key known, every
+/// value valid), every path of it is on a volume the DaemonSet mounts, the image is the one its
+/// kustomization tags, and it holds no privilege. (`tests/nri.rs` runs it against containerd.)
+#[test]
+fn the_nri_daemonset_runs_flags_the_binary_has_on_a_configuration_the_core_reads() {
+    let dir = deploy("nri");
+    let k = &yaml_docs(&dir.join("kustomization.yaml"))[0];
+    assert_eq!(k["namespace"].as_str(), Some("kube-system"));
+    let docs = yaml_docs(&dir.join("daemonset.yaml"));
+    assert_eq!(docs.len(), 1);
+    let ds = &docs[0];
+    assert_eq!(ds["kind"].as_str(), Some("DaemonSet"));
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert!(
+        pod["tolerations"]
+            .as_sequence()
+            .is_some_and(|t| t.iter().any(|t| t["operator"].as_str() == Some("Exists"))),
+        "on every node, tainted or not"
+    );
+    assert_eq!(pod["automountServiceAccountToken"].as_bool(), Some(false));
+    assert_ne!(pod["hostPID"].as_bool(), Some(true));
+    let c = &pod["containers"][0];
+    let image = c["image"].as_str().expect("image");
+    assert_eq!(
+        k["images"][0]["name"].as_str(),
+        Some(image),
+        "the kustomization tags the DaemonSet's image"
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert!(sc["capabilities"]["add"].is_null());
+
+    let command = strings(&c["command"]);
+    assert_eq!(command[0], "/usr/local/bin/kata-topo-nri");
+    let binary = kata_topo_integration::bin_dir().join("kata-topo-nri");
+    let help = Command::new(&binary)
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", binary.display()));
+    assert!(help.status.success());
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in command.iter().filter(|a| a.starts_with('-')) {
+        assert!(
+            help.split(|c: char| c == '[' || c == ']' || c.is_whitespace())
+                .any(|w| w == flag),
+            "kata-topo-nri has no {flag}: {help}"
+        );
+    }
+    let config_at = command
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| command.get(i + 1))
+        .expect("--config FILE");
+
+    // The configuration: the generator's one file, parsed as the binary parses it.
+    let generator = &k["configMapGenerator"][0];
+    let files = strings(&generator["files"]);
+    assert_eq!(files.len(), 1);
+    let file = dir.join(&files[0]);
+    let text = std::fs::read_to_string(&file).expect("read");
+    let config = kata_topo_core::config::Config::parse(&text, &file)
+        .unwrap_or_else(|e| panic!("{}", kata_topo_core::text::error_chain(&e)));
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    let mounts: Vec<(&str, &serde_yaml::Value, bool)> = c["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+        .iter()
+        .map(|m| {
+            let name = m["name"].as_str().expect("name");
+            let v = volumes
+                .iter()
+                .find(|v| v["name"].as_str() == Some(name))
+                .unwrap_or_else(|| panic!("no volume {name}"));
+            (
+                m["mountPath"].as_str().expect("mountPath"),
+                v,
+                m["readOnly"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    let mount = |p: &Path| {
+        mounts
+            .iter()
+            .filter(|(at, _, _)| p.starts_with(at))
+            .max_by_key(|(at, _, _)| at.len())
+            .unwrap_or_else(|| panic!("{} is on no volume", p.display()))
+    };
+    let (_, cm, _) = mount(Path::new(config_at));
+    assert_eq!(
+        cm["configMap"]["name"], generator["name"],
+        "--config is the generated ConfigMap's file"
+    );
+    assert!(config_at.ends_with(&files[0]));
+    // Each path the plugin reads or writes, on the node's same path (procfs_root: the node's
+    // /proc), written only where it must write.
+    let host_path = |v: &serde_yaml::Value| v["hostPath"]["path"].as_str().map(str::to_string);
+    for (key, p, writes) in [
+        ("nri_socket", config.nri_socket.clone(), false),
+        ("state_dir", config.state_dir.clone(), true),
+        ("log_file", config.log_file.clone(), true),
+        (
+            "metrics_dir",
+            config.metrics_dir.clone().expect("metrics_dir"),
+            true,
+        ),
+        (
+            "kubelet_pod_resources_socket",
+            config.kubelet_pod_resources_socket.clone(),
+            false,
+        ),
+        ("kubelet_config", config.kubelet_config.clone(), false),
+        ("sysfs_root", config.sysfs_root.clone(), false),
+    ] {
+        let (at, v, read_only) = mount(&p);
+        assert_eq!(
+            host_path(v).as_deref(),
+            Some(*at),
+            "{key}: {} is the node's own path",
+            p.display()
+        );
+        assert_eq!(*read_only, !writes, "{key}: {} read-only", p.display());
+    }
+    let (at, v, read_only) = mount(&config.procfs_root);
+    assert_eq!(
+        host_path(v).as_deref(),
+        Some("/proc"),
+        "procfs_root at {at}"
+    );
+    assert!(*read_only);
+    assert!(config.topology_xml.is_none(), "the live machine");
+    assert_eq!(
+        config.state_dir,
+        kata_topo_core::config::Config::default().state_dir,
+        "the wrapper's state_dir, where a pod's wrapper daemon is seen"
+    );
+}
+
 fn npd(rel: &str) -> Value {
     serde_json::from_slice(&std::fs::read(deploy(rel)).expect("read")).expect("JSON")
 }
@@ -418,6 +641,9 @@ fn make_install_and_uninstall_leave_nothing_behind() {
         "usr/local/bin/kata-topo-device-plugin",
         "usr/local/share/kata-topo/device-plugin/daemonset.yaml",
         "usr/local/share/kata-topo/device-plugin/kata-topo-device-plugin.service",
+        "usr/local/share/kata-topo/nri/daemonset.yaml",
+        "usr/local/share/kata-topo/nri/kustomization.yaml",
+        "usr/local/share/kata-topo/nri/configuration-kata-topo.toml",
         "opt/kata/share/defaults/kata-containers/configuration-kata-topo.toml",
         "usr/local/share/kata-topo/containerd/kata-topo-config-v2.toml",
         "usr/local/share/kata-topo/node-problem-detector/kata-topo-plugin-monitor.json",

@@ -1,12 +1,13 @@
 //! `kata-topo-nri` against the real containerd 2.3.4 with NRI on, pods on the plain `runc`
 //! handler (no wrapper): a cross-NUMA resize reported, refused in enforce mode with the message
 //! reaching the CRI client, a recreate checked against its baseline, the plugin killed mid-run,
-//! containerd restarted, a wedged check answered within the budget.
+//! containerd restarted, a wedged check answered within the budget. Then the NRI DaemonSet
+//! (`deploy/nri/`) as its process runs on a node.
 //!
 //! NRI needs containerd 2.x: without `KT_CONTAINERD_BIN`, these tests run on the 2.3.4 that
 //! `make containerd2` unpacks under `target/` (and fail, saying so, when it is not there).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -384,4 +385,315 @@ fn a_stopped_plugin_costs_containerds_timeout_once_then_nothing() {
     drop(plugin);
     cri.remove_container(&id);
     cri.remove_pod(&pod);
+}
+
+/// The finding lines of `rule` about container `id` in a log.
+fn findings_about(lines: &[serde_json::Value], rule: &str, id: &str) -> usize {
+    lines
+        .iter()
+        .filter(|l| l["event"] == "finding" && l["rule"] == rule && l["container_id"] == id)
+        .count()
+}
+
+/// A YAML file of `deploy/` as its documents.
+fn deploy_yaml(rel: &str) -> Vec<serde_yaml::Value> {
+    let path = workspace().join("deploy").join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("YAML document"))
+        .collect()
+}
+
+fn strings(v: &serde_yaml::Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .map(|a| a.as_str().expect("a string").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The NRI DaemonSet (`deploy/nri/`) as a node runs it: its command, its ConfigMap's
+/// configuration mounted as the kubelet mounts a ConfigMap (a link into `..data`), each path
+/// of that configuration reached through the volume the DaemonSet mounts there, and the
+/// process with the privileges its securityContext leaves it (root's uid, no capability, no
+/// privilege escalation). Against the real containerd: it registers, checks a runc pod's
+/// crossing update (its state, log line and metrics written without a capability), and sees,
+/// through the node's /proc at its procfs_root, that a pod's wrapper daemon runs.
+#[test]
+fn the_nri_daemonset_runs_the_plugin_without_capabilities_on_the_paths_it_mounts() {
+    let kustomization = &deploy_yaml("nri/kustomization.yaml")[0];
+    let ds = deploy_yaml("nri/daemonset.yaml")
+        .into_iter()
+        .find(|d| d["kind"].as_str() == Some("DaemonSet"))
+        .expect("a DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let sc = &container["securityContext"];
+    // What the process below is run with; a manifest asking for more fails here first.
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["runAsUser"].as_u64(), Some(0));
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert!(sc["capabilities"]["add"].is_null(), "no capability added");
+    assert_ne!(pod["hostPID"].as_bool(), Some(true), "not the node's PIDs");
+    let volumes = pod["volumes"].as_sequence().expect("volumes");
+    let volume = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    // mountPath -> (host path, or None for the ConfigMap; read-only)
+    let mounts: Vec<(String, Option<String>, bool)> = container["volumeMounts"]
+        .as_sequence()
+        .expect("volumeMounts")
+        .iter()
+        .map(|m| {
+            let v = volume(m["name"].as_str().expect("name"));
+            (
+                m["mountPath"].as_str().expect("mountPath").to_string(),
+                v["hostPath"]["path"].as_str().map(str::to_string),
+                m["readOnly"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    // The container's path `p`: the mount it is under and the rest of it.
+    let mount_of = |p: &str| {
+        mounts
+            .iter()
+            .filter(|(at, _, _)| Path::new(p).starts_with(at))
+            .max_by_key(|(at, _, _)| at.len())
+            .map(|(at, host, ro)| {
+                let rest = Path::new(p).strip_prefix(at).expect("under").to_path_buf();
+                (host.clone(), rest, *ro)
+            })
+    };
+
+    // The ConfigMap: the generator's one file, at the path --config names.
+    let command = strings(&container["command"]);
+    assert!(command.len() >= 3, "{command:?}");
+    let config_at = command
+        .iter()
+        .position(|a| a == "--config")
+        .map(|i| command[i + 1].clone())
+        .expect("--config FILE");
+    let generator = &kustomization["configMapGenerator"][0];
+    let file = strings(&generator["files"]).pop().expect("a file");
+    let cm = volumes
+        .iter()
+        .find(|v| v["configMap"]["name"] == generator["name"])
+        .expect("the generated ConfigMap is a volume");
+    let cm_mount = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == cm["name"])
+        .expect("mounted");
+    assert_eq!(
+        Path::new(cm_mount["mountPath"].as_str().expect("path")).join(&file),
+        Path::new(&config_at),
+        "--config names the ConfigMap's file"
+    );
+
+    let c = start(Guard::default());
+    let d = c.dir.path();
+    // Where each host directory the DaemonSet mounts is on this test's node.
+    let metrics = d.join("metrics");
+    std::fs::create_dir_all(&metrics).expect("metrics dir");
+    let node: Vec<(&str, PathBuf)> = vec![
+        (
+            "/var/run/nri",
+            c.nri_socket.parent().expect("dir").to_path_buf(),
+        ),
+        ("/run/kata-topo", c.state_dir.clone()),
+        ("/var/log", c.log_file.parent().expect("dir").to_path_buf()),
+        ("/var/lib/prometheus/node-exporter", metrics.clone()),
+        ("/var/lib/kubelet/pod-resources", d.join("pod-resources")),
+        (
+            "/var/lib/kubelet/config.yaml",
+            d.join("kubelet-config.yaml"),
+        ),
+        ("/sys", c.sysfs.root().to_path_buf()),
+        ("/proc", PathBuf::from("/proc")),
+    ];
+    let text = std::fs::read_to_string(workspace().join("deploy/nri").join(&file)).expect("read");
+    let mut table: toml::Table = text.parse().expect("TOML");
+    let guard = table
+        .get_mut("topology_guard")
+        .and_then(toml::Value::as_table_mut)
+        .expect("[topology_guard]");
+    let mut mapped = Vec::new();
+    for (key, value) in guard.iter_mut() {
+        let Some(p) = value
+            .as_str()
+            .filter(|p| p.starts_with('/'))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let (host, rest, read_only) = mount_of(&p)
+            .unwrap_or_else(|| panic!("{key} = {p:?} is on no volume the DaemonSet mounts"));
+        let host = host.unwrap_or_else(|| panic!("{key} = {p:?} is in the ConfigMap"));
+        let written = matches!(key.as_str(), "state_dir" | "log_file" | "metrics_dir");
+        assert_eq!(
+            read_only, !written,
+            "{key}: {p} is mounted read-only: {read_only}"
+        );
+        let (_, here) = node
+            .iter()
+            .find(|(h, _)| *h == host)
+            .unwrap_or_else(|| panic!("{key}: the test does not know the host path {host}"));
+        let here = if rest.as_os_str().is_empty() {
+            here.clone()
+        } else {
+            here.join(rest)
+        };
+        *value = here.display().to_string().into();
+        mapped.push(key.clone());
+    }
+    for key in [
+        "nri_socket",
+        "state_dir",
+        "log_file",
+        "metrics_dir",
+        "sysfs_root",
+        "procfs_root",
+        "kubelet_pod_resources_socket",
+        "kubelet_config",
+    ] {
+        assert!(
+            mapped.iter().any(|k| k == key),
+            "the configuration sets {key}: {mapped:?}"
+        );
+    }
+    // The scenario's host, as every test here checks against.
+    guard.insert(
+        "topology_xml".into(),
+        workspace()
+            .join("scenario/two-node-host.xml")
+            .display()
+            .to_string()
+            .into(),
+    );
+    // The kubelet's way with a ConfigMap: the file a link into `..data`.
+    let cm_dir = d.join("configmap");
+    std::fs::create_dir_all(cm_dir.join("..data")).expect("configmap dir");
+    std::fs::write(cm_dir.join("..data").join(&file), table.to_string()).expect("write");
+    std::os::unix::fs::symlink(Path::new("..data").join(&file), cm_dir.join(&file)).expect("link");
+    let binary = bin_dir().join(
+        Path::new(&command[0])
+            .file_name()
+            .expect("the command's binary"),
+    );
+    let out = std::fs::File::create(d.join("nri.out")).expect("nri.out");
+    let args: Vec<String> = command[1..]
+        .iter()
+        .map(|a| {
+            if *a == config_at {
+                cm_dir.join(&file).display().to_string()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    // drop: [ALL] and allowPrivilegeEscalation: false, as the runtime applies them.
+    let child = Command::new("setpriv")
+        .args([
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ])
+        .arg(&binary)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("nri.out"))
+        .stderr(out)
+        .spawn()
+        .expect("setpriv kata-topo-nri");
+    let plugin = Plugin(Some(child));
+    registered(&c, 1);
+    let pid = plugin.0.as_ref().map(Child::id).expect("pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    for field in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("{field}"));
+        assert!(
+            line.ends_with("0000000000000000"),
+            "the plugin holds no capability: {line}"
+        );
+    }
+    let started = c
+        .log_lines()
+        .into_iter()
+        .find(|l| l["event"] == "nri-started")
+        .expect("nri-started");
+    assert_eq!(started["config_source"], "ConfigPath");
+
+    let mut cri = c.cri();
+    let admitted = Resources::admitted();
+    let rcfg = cri.pod_config("nri-ds-runc", POD_ANNOTATIONS);
+    let rpod = cri.run_pod(&rcfg, "runc").expect("RunPodSandbox (runc)");
+    let rid = cri
+        .start_container(&rpod, &rcfg, "app", &admitted, false)
+        .expect("StartContainer (runc)");
+    cri.update(&rid, &admitted.on("0")).expect("audit");
+    assert!(
+        eventually(DEADLINE, || findings_about(
+            &c.log_lines(),
+            "cpu-outside-intent",
+            &rid
+        ) == 1),
+        "the plugin reports the runc pod's update: {:#?}",
+        c.log_lines()
+    );
+    let pod_state = c.state_dir.join("k8s.io").join(&rpod);
+    assert!(
+        eventually(DEADLINE, || pod_state.is_dir()),
+        "the pod's state at {}",
+        pod_state.display()
+    );
+    let textfiles = || {
+        std::fs::read_dir(&metrics)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains(&rpod) && n.ends_with(".prom"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(DEADLINE, || textfiles() == 1),
+        "the pod's metrics in {}",
+        metrics.display()
+    );
+    // A pod the wrapper serves: its daemon seen through procfs_root, the pod left to it.
+    let wcfg = cri.pod_config("nri-ds-wrapper", POD_ANNOTATIONS);
+    let wpod = cri
+        .run_pod(&wcfg, "kata-topo")
+        .expect("RunPodSandbox (kata-topo)");
+    let wid = cri
+        .start_container(&wpod, &wcfg, "app", &admitted, false)
+        .expect("StartContainer (kata-topo)");
+    assert!(
+        eventually(DEADLINE, || c
+            .log_lines()
+            .iter()
+            .any(|l| l["event"] == "nri-pod-skipped"
+                && l["sandbox_id"] == wpod.as_str()
+                && l["reason"] == "the kata-topo wrapper serves it")),
+        "the plugin leaves the wrapper's pod to it: {:#?}",
+        c.log_lines()
+    );
+    drop(plugin);
+    for (id, pod) in [(&rid, &rpod), (&wid, &wpod)] {
+        cri.remove_container(id);
+        cri.remove_pod(pod);
+    }
 }
