@@ -1,8 +1,9 @@
 //! `kata-topo-nri` against the real containerd 2.3.4 with NRI on, pods on the plain `runc`
 //! handler (no wrapper): a cross-NUMA resize reported, refused in enforce mode with the message
 //! reaching the CRI client, a recreate checked against its baseline, the plugin killed mid-run,
-//! containerd restarted, a wedged check answered within the budget. Then the NRI DaemonSet
-//! (`deploy/nri/`) as its process runs on a node.
+//! containerd restarted, a wedged check answered within the budget. Then the plugin beside the
+//! wrapper: a pod on the wrapper's handler is checked once, by the wrapper, while the plugin
+//! checks a pod on runc's; and the NRI DaemonSet (`deploy/nri/`) as its process runs on a node.
 //!
 //! NRI needs containerd 2.x: without `KT_CONTAINERD_BIN`, these tests run on the 2.3.4 that
 //! `make containerd2` unpacks under `target/` (and fail, saying so, when it is not there).
@@ -55,10 +56,15 @@ struct Plugin(Option<Child>);
 
 impl Plugin {
     fn start(c: &Containerd) -> Self {
+        Self::with_config(c, &c.config)
+    }
+
+    /// The plugin on its own configuration file.
+    fn with_config(c: &Containerd, config: &Path) -> Self {
         let out = std::fs::File::create(c.dir.path().join("nri.out")).expect("nri.out");
         let child = Command::new(bin_dir().join("kata-topo-nri"))
             .arg("--config")
-            .arg(&c.config)
+            .arg(config)
             .arg("--socket")
             .arg(&c.nri_socket)
             .stdin(Stdio::null())
@@ -387,12 +393,155 @@ fn a_stopped_plugin_costs_containerds_timeout_once_then_nothing() {
     cri.remove_pod(&pod);
 }
 
+/// The lines of a JSON log file.
+fn lines_of(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
 /// The finding lines of `rule` about container `id` in a log.
 fn findings_about(lines: &[serde_json::Value], rule: &str, id: &str) -> usize {
     lines
         .iter()
         .filter(|l| l["event"] == "finding" && l["rule"] == rule && l["container_id"] == id)
         .count()
+}
+
+/// The wrapper's configuration with another `log_file`: the same `state_dir`, where the
+/// wrapper's daemons record themselves.
+fn with_log_file(config: &Path, log: &Path, out: &Path) {
+    let text = std::fs::read_to_string(config).expect("the wrapper's configuration");
+    let mut t: toml::Table = text.parse().expect("TOML");
+    let guard = t
+        .get_mut("topology_guard")
+        .and_then(toml::Value::as_table_mut)
+        .expect("[topology_guard]");
+    guard.insert("log_file".into(), log.display().to_string().into());
+    std::fs::write(out, t.to_string()).expect("write the plugin's configuration");
+}
+
+#[test]
+fn a_pod_the_wrapper_serves_is_checked_once_by_the_wrapper_and_a_runc_pod_by_the_plugin() {
+    // Audit: every check that runs says so in a log line, none stops the next.
+    let c = start(Guard::default());
+    // The plugin writes its own log, so that each line says which front end checked; it
+    // shares the wrapper's state_dir, where a wrapper daemon records itself.
+    let plugin_log = c.dir.path().join("kata-topo-nri.log");
+    let plugin_config = c.dir.path().join("kata-topo-nri.toml");
+    with_log_file(&c.config, &plugin_log, &plugin_config);
+    let _plugin = Plugin::with_config(&c, &plugin_config);
+    let count = |event: &str| {
+        lines_of(&plugin_log)
+            .iter()
+            .filter(|l| l["event"] == event)
+            .count()
+    };
+    assert!(
+        eventually(DEADLINE, || count("nri-registered") >= 1),
+        "kata-topo-nri did not register: {:#?}\ncontainerd: {}",
+        lines_of(&plugin_log),
+        nri_lines(&c)
+    );
+    let mut cri = c.cri();
+    let admitted = Resources::admitted();
+    let wcfg = cri.pod_config("nri-once-wrapper", POD_ANNOTATIONS);
+    let wpod = cri
+        .run_pod(&wcfg, "kata-topo")
+        .expect("RunPodSandbox (kata-topo)");
+    let wid = cri
+        .start_container(&wpod, &wcfg, "app", &admitted, false)
+        .expect("StartContainer (kata-topo)");
+    let rcfg = cri.pod_config("nri-once-runc", POD_ANNOTATIONS);
+    let rpod = cri.run_pod(&rcfg, "runc").expect("RunPodSandbox (runc)");
+    let rid = cri
+        .start_container(&rpod, &rcfg, "app", &admitted, false)
+        .expect("StartContainer (runc)");
+    // The same crossing update on both, the wrapper's pod first.
+    cri.update(&wid, &admitted.on("0"))
+        .expect("audit lets the wrapper's pod's update through");
+    cri.update(&rid, &admitted.on("0"))
+        .expect("audit lets the runc pod's update through");
+    assert_eq!(cri.allowed_cpus(&wid), "0");
+    assert_eq!(cri.allowed_cpus(&rid), "0");
+    // The runc pod's finding is the plugin's, and it was checked after the wrapper's pod: once
+    // it is in the plugin's log, so would be any line of the plugin about the wrapper's pod
+    // (one log queue, in order).
+    assert!(
+        eventually(DEADLINE, || findings_about(
+            &lines_of(&plugin_log),
+            "cpu-outside-intent",
+            &rid
+        ) == 1),
+        "the plugin checks the runc pod's update: {:#?}",
+        lines_of(&plugin_log)
+    );
+    assert!(
+        eventually(DEADLINE, || findings_about(
+            &c.log_lines(),
+            "cpu-outside-intent",
+            &wid
+        ) >= 1),
+        "the wrapper checks its pod's update: {:#?}",
+        c.log_lines()
+    );
+    let (plugin_lines, wrapper_lines) = (lines_of(&plugin_log), c.log_lines());
+    // Once: one finding about the wrapper's pod in both logs together, the wrapper's.
+    assert_eq!(
+        findings_about(&wrapper_lines, "cpu-outside-intent", &wid)
+            + findings_about(&plugin_lines, "cpu-outside-intent", &wid),
+        1,
+        "the update is reported once: the wrapper's {wrapper_lines:#?}\nthe plugin's {plugin_lines:#?}"
+    );
+    assert_eq!(
+        findings_about(&wrapper_lines, "cpu-outside-intent", &wid),
+        1,
+        "by the wrapper: {wrapper_lines:#?}"
+    );
+    let about_wpod: Vec<&serde_json::Value> = plugin_lines
+        .iter()
+        .filter(|l| l["sandbox_id"] == wpod.as_str() || l["container_id"] == wid.as_str())
+        .collect();
+    let skipped: Vec<&&serde_json::Value> = about_wpod
+        .iter()
+        .filter(|l| l["event"] == "nri-pod-skipped")
+        .collect();
+    assert_eq!(
+        skipped.len(),
+        1,
+        "the plugin says once that it leaves the wrapper's pod: {about_wpod:#?}"
+    );
+    assert_eq!(skipped[0]["reason"], "the kata-topo wrapper serves it");
+    assert_eq!(skipped[0]["runtime_handler"], "kata-topo");
+    assert_eq!(skipped[0]["pod_name"], "nri-once-wrapper");
+    assert!(
+        about_wpod.iter().all(|l| l["event"] == "nri-pod-skipped"),
+        "the plugin checked nothing of the wrapper's pod: {about_wpod:#?}"
+    );
+    // And the contrast: the runc pod is the plugin's alone, never skipped.
+    assert_eq!(
+        findings_about(&wrapper_lines, "cpu-outside-intent", &rid),
+        0,
+        "the wrapper does not serve the runc pod: {wrapper_lines:#?}"
+    );
+    assert!(
+        !plugin_lines
+            .iter()
+            .any(|l| l["event"] == "nri-pod-skipped" && l["sandbox_id"] == rpod.as_str()),
+        "the plugin checks the runc pod: {plugin_lines:#?}"
+    );
+    let line = plugin_lines
+        .iter()
+        .find(|l| l["event"] == "finding" && l["container_id"] == rid.as_str())
+        .expect("the plugin's finding");
+    assert_eq!(line["operation"], "update");
+    assert_eq!(line["pod_name"], "nri-once-runc");
+    for (id, pod) in [(&rid, &rpod), (&wid, &wpod)] {
+        cri.remove_container(id);
+        cri.remove_pod(pod);
+    }
 }
 
 /// A YAML file of `deploy/` as its documents.
