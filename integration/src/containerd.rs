@@ -40,6 +40,8 @@ pub struct Guard {
     pub socket_dir: bool,
     /// containerd 2.x: NRI's `plugin_request_timeout` (e.g. `"2s"`); default containerd's.
     pub nri_timeout: Option<&'static str>,
+    /// containerd's debug logging, so that shims get `-debug` (the wrapper's debug lines).
+    pub debug: bool,
     /// The folder the containerd's own directory is made in; default `/tmp`.
     pub under: Option<PathBuf>,
 }
@@ -59,6 +61,7 @@ impl Default for Guard {
             state_dir: None,
             socket_dir: false,
             nri_timeout: None,
+            debug: false,
             under: None,
         }
     }
@@ -228,6 +231,7 @@ impl Containerd {
             socket_dir: (shim_socket_dir != Path::new("/run/containerd/s"))
                 .then_some(shim_socket_dir.as_path()),
             nri_timeout: guard.nri_timeout,
+            debug: guard.debug,
         };
         let text = layout.render(ContainerdBin::get().is_v2());
         std::fs::write(d.join("containerd.toml"), text).expect("write containerd config");

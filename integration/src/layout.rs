@@ -15,6 +15,8 @@ pub(crate) struct ConfigLayout<'a> {
     pub(crate) socket_dir: Option<&'a Path>,
     /// containerd 2.x: NRI's plugin request timeout (e.g. `"2s"`); default containerd's.
     pub(crate) nri_timeout: Option<&'a str>,
+    /// containerd's debug logging (shims get `-debug`).
+    pub(crate) debug: bool,
 }
 
 impl ConfigLayout<'_> {
@@ -54,6 +56,7 @@ impl ConfigLayout<'_> {
             ("NRI_SOCKET", nri_socket.as_str()),
             ("NRI_DIR", nri_dir.as_str()),
             ("NRI_TIMEOUT", self.nri_timeout.unwrap_or_default()),
+            ("DEBUG", if self.debug { "1" } else { "" }),
         ];
         templates::render(templates::CONTAINERD, &values).expect("the containerd template renders")
     }

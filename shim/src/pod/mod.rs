@@ -612,6 +612,11 @@ impl Pod {
             &verdict,
             started.elapsed(),
         );
+        // At debug only (the wrapper's `-debug`, the NRI plugin's `--debug`): how long the
+        // request waited for its check, verdict delivered (`make bench` reads it).
+        slog::debug!(self.sinks.log, "request checked"; "event" => "request-checked",
+            "operation" => verdict.operation.to_string(), "task_id" => task_id,
+            "micros" => started.elapsed().as_micros() as u64);
         if verdict.decision() == Decision::Reject {
             return Outcome::Refuse(ShimError::Rejected(verdict.refusal()));
         }
