@@ -6,15 +6,18 @@
 //! runtime waits for each answer at most its request timeout (containerd's
 //! `plugin_request_timeout`, 2 s by default, which `Configure` tells) and then closes the
 //! plugin's connection; a check is never allowed to cost that: each answer is given within
-//! [`Settings::budget`] (and half the runtime's timeout), and a check still running then is
-//! answered "no adjustment" — the operation goes on unchecked and the log says so. Only a
-//! finished check's refusal (enforce mode) fails an operation.
+//! [`Settings::budget`] (and half the runtime's timeout) of the request's arrival, and a check
+//! still running then is answered "no adjustment" by the session's budget thread — the
+//! operation goes on unchecked and the log says so. Only a finished check's refusal (enforce
+//! mode) fails an operation. A check runs on a thread of its own, which writes its answer
+//! itself: one thread between the request and its answer.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::sync_channel;
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kata_topo_proto::nri::pkg::api::v1alpha1 as nri;
@@ -107,7 +110,9 @@ pub fn serve(
     let mut budget = settings.budget;
     let mut sync = nri::SynchronizeRequest::default();
     let mut reader = Reader::new(stream);
+    let overdue = Overdue::start(Arc::clone(&writer), log.clone());
     while let Some((conn, frame)) = reader.next_frame()? {
+        let received = Instant::now();
         if conn == RUNTIME_CONN {
             if frame.kind == TYPE_RESPONSE && frame.stream_id == 1 {
                 let response = Response::decode(frame.payload.as_slice())
@@ -186,10 +191,19 @@ pub fn serve(
                     Ok(false) => {
                         let all = std::mem::take(&mut sync);
                         let front = Arc::clone(&front);
-                        respond(&writer, budget, log, "Synchronize", answer, move || {
-                            front.synchronize(&all.pods, &all.containers);
-                            Ok(nri::SynchronizeResponse::default().encode_to_vec())
-                        });
+                        respond(
+                            &writer,
+                            &overdue,
+                            received,
+                            budget,
+                            log,
+                            "Synchronize",
+                            answer,
+                            move || {
+                                front.synchronize(&all.pods, &all.containers);
+                                Ok(nri::SynchronizeResponse::default().encode_to_vec())
+                            },
+                        );
                     }
                     Err(s) => writer.send(PLUGIN_CONN, &answer(Err(s)))?,
                 }
@@ -197,31 +211,49 @@ pub fn serve(
             "CreateContainer" => match decode::<nri::CreateContainerRequest>(payload) {
                 Ok(req) => {
                     let front = Arc::clone(&front);
-                    respond(&writer, budget, log, "CreateContainer", answer, move || {
-                        let (pod, container) = (
-                            req.pod.unwrap_or_default(),
-                            req.container.unwrap_or_default(),
-                        );
-                        front
-                            .create(&pod, &container)
-                            .map(|()| nri::CreateContainerResponse::default().encode_to_vec())
-                            .map_err(refused)
-                    });
+                    respond(
+                        &writer,
+                        &overdue,
+                        received,
+                        budget,
+                        log,
+                        "CreateContainer",
+                        answer,
+                        move || {
+                            let (pod, container) = (
+                                req.pod.unwrap_or_default(),
+                                req.container.unwrap_or_default(),
+                            );
+                            front
+                                .create(&pod, &container)
+                                .map(|()| nri::CreateContainerResponse::default().encode_to_vec())
+                                .map_err(refused)
+                        },
+                    );
                 }
                 Err(s) => writer.send(PLUGIN_CONN, &answer(Err(s)))?,
             },
             "UpdateContainer" => match decode::<nri::UpdateContainerRequest>(payload) {
                 Ok(req) => {
                     let front = Arc::clone(&front);
-                    respond(&writer, budget, log, "UpdateContainer", answer, move || {
-                        let pod = req.pod.unwrap_or_default();
-                        let container = req.container.unwrap_or_default();
-                        let resources = req.linux_resources.unwrap_or_default();
-                        front
-                            .update(&pod, &container, &resources)
-                            .map(|()| nri::UpdateContainerResponse::default().encode_to_vec())
-                            .map_err(refused)
-                    });
+                    respond(
+                        &writer,
+                        &overdue,
+                        received,
+                        budget,
+                        log,
+                        "UpdateContainer",
+                        answer,
+                        move || {
+                            let pod = req.pod.unwrap_or_default();
+                            let container = req.container.unwrap_or_default();
+                            let resources = req.linux_resources.unwrap_or_default();
+                            front
+                                .update(&pod, &container, &resources)
+                                .map(|()| nri::UpdateContainerResponse::default().encode_to_vec())
+                                .map_err(refused)
+                        },
+                    );
                 }
                 Err(s) => writer.send(PLUGIN_CONN, &answer(Err(s)))?,
             },
@@ -295,57 +327,234 @@ fn decode<M: Message + Default>(payload: &[u8]) -> Result<M, Status> {
         .map_err(|e| status(Code::InvalidArgument, format!("malformed NRI request: {e}")))
 }
 
-/// Answers a request from its own thread, so that the connection goes on reading: `work`'s
-/// answer when it is done within `budget`, else (or when it panicked) an empty answer — "no
-/// adjustment", the operation goes on — and a log line saying the check did not decide.
+/// How a request is answered, once: by its check, or by the budget thread.
+type Answer = Box<dyn FnOnce(Result<Vec<u8>, Status>) -> Frame + Send>;
+
+/// A request waiting for its answer.
+struct Pending {
+    method: &'static str,
+    received: Instant,
+    deadline: Instant,
+    answer: Mutex<Option<Answer>>,
+}
+
+impl Pending {
+    /// Answers the request unless it was answered already; whether this call answered it.
+    fn answer(&self, writer: &Writer, reply: Result<Vec<u8>, Status>, log: &Logger) -> bool {
+        let Some(answer) = self.answer.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return false;
+        };
+        let _ = writer.send(PLUGIN_CONN, &answer(reply));
+        slog::debug!(log, "answered"; "event" => "nri-answered", "method" => self.method,
+            "micros" => self.received.elapsed().as_micros() as u64);
+        true
+    }
+
+    /// "No adjustment": the operation goes on unchecked, and the log says why.
+    fn unchecked(&self, writer: &Writer, why: &str, log: &Logger) {
+        if self.answer(writer, Ok(Vec::new()), log) {
+            slog::warn!(log, "answered without a verdict: the operation goes on unchecked";
+                "event" => "nri-unchecked", "method" => self.method, "reason" => why);
+        }
+    }
+}
+
+/// The session's budget thread: answers each request whose check has not answered by its
+/// deadline. Requests arrive with deadlines in order (one budget per session), so the first
+/// waiting is the first due.
+struct Overdue(Sender<Arc<Pending>>);
+
+impl Overdue {
+    fn start(writer: Arc<Writer>, log: Logger) -> Self {
+        let (tx, rx) = channel();
+        let thread_log = log.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nri-budget".into())
+            .spawn(move || overdue(&rx, &writer, &thread_log));
+        if let Err(e) = spawned {
+            // Each check still answers itself; only a hung one is left to the runtime's
+            // own timeout.
+            slog::error!(log, "cannot watch the answers' budget"; "event" => "nri-unchecked",
+                "method" => "", "reason" => e.to_string());
+        }
+        Self(tx)
+    }
+}
+
+fn overdue(rx: &Receiver<Arc<Pending>>, writer: &Writer, log: &Logger) {
+    let mut waiting: VecDeque<Arc<Pending>> = VecDeque::new();
+    loop {
+        let now = Instant::now();
+        while let Some(first) = waiting.front() {
+            if first.deadline > now {
+                break;
+            }
+            if let Some(p) = waiting.pop_front() {
+                let budget = p.deadline.saturating_duration_since(p.received);
+                p.unchecked(
+                    writer,
+                    &format!("no verdict within {} ms", budget.as_millis()),
+                    log,
+                );
+            }
+        }
+        // Answered already: nothing to wait for.
+        waiting.retain(|p| p.answer.lock().unwrap_or_else(|e| e.into_inner()).is_some());
+        let next = match waiting.front() {
+            Some(p) => rx.recv_timeout(p.deadline.saturating_duration_since(now)),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok(p) => waiting.push_back(p),
+            Err(RecvTimeoutError::Timeout) => {}
+            // The session ended: its connection is gone, nothing can be answered.
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// Answers a request from a thread of its own, so that the connection goes on reading:
+/// `work`'s answer when it is done within `budget` of the request's arrival (`received`), else
+/// (or when it panicked) an empty answer — "no adjustment", the operation goes on — and a log
+/// line saying the check did not decide.
+#[allow(clippy::too_many_arguments)]
 fn respond(
     writer: &Arc<Writer>,
+    overdue: &Overdue,
+    received: Instant,
     budget: Duration,
     log: &Logger,
     method: &'static str,
     answer: impl FnOnce(Result<Vec<u8>, Status>) -> Frame + Send + 'static,
     work: impl FnOnce() -> Result<Vec<u8>, Status> + Send + 'static,
 ) {
-    let (writer, thread_log) = (Arc::clone(writer), log.clone());
-    let serve = move || {
-        let log = thread_log;
-        let started = Instant::now();
-        let (tx, rx) = sync_channel(1);
-        let spawned = std::thread::Builder::new()
-            .name("nri-check".into())
-            .spawn(move || {
-                let _ = tx.send(catch_unwind(AssertUnwindSafe(work)));
-            });
-        let reply = match spawned.map(|_| rx.recv_timeout(budget)) {
-            Ok(Ok(Ok(reply))) => reply,
-            outcome => {
-                let why = match outcome {
-                    Ok(Ok(Err(_))) => "the check failed unexpectedly".to_string(),
-                    Ok(Err(_)) => format!("no verdict within {} ms", budget.as_millis()),
-                    _ => "cannot start the check".to_string(),
-                };
-                slog::warn!(log, "answered without a verdict: the operation goes on unchecked";
-                    "event" => "nri-unchecked", "method" => method, "reason" => why);
-                Ok(Vec::new())
+    let pending = Arc::new(Pending {
+        method,
+        received,
+        deadline: received + budget,
+        answer: Mutex::new(Some(Box::new(answer))),
+    });
+    let (check_writer, check_log, mine) = (Arc::clone(writer), log.clone(), Arc::clone(&pending));
+    let spawned = std::thread::Builder::new()
+        .name("nri-check".into())
+        .spawn(move || match catch_unwind(AssertUnwindSafe(work)) {
+            Ok(reply) => {
+                mine.answer(&check_writer, reply, &check_log);
             }
-        };
-        slog::debug!(log, "answered"; "event" => "nri-answered", "method" => method,
-            "micros" => started.elapsed().as_micros() as u64);
-        let _ = writer.send(PLUGIN_CONN, &answer(reply));
-    };
-    if let Err(e) = std::thread::Builder::new()
-        .name("nri-request".into())
-        .spawn(serve)
-    {
-        // No thread for it: the runtime's own timeout answers for us; say why.
-        slog::error!(log, "cannot answer an NRI request"; "event" => "nri-unchecked",
-            "method" => method, "reason" => e.to_string());
+            Err(_) => mine.unchecked(&check_writer, "the check failed unexpectedly", &check_log),
+        });
+    match spawned {
+        // Without a budget thread, a hung check is left to the runtime's own timeout.
+        Ok(_) => {
+            let _ = overdue.0.send(pending);
+        }
+        // Unchecked now rather than after the runtime's timeout.
+        Err(e) => pending.unchecked(writer, &format!("cannot start the check: {e}"), log),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    fn reply(stream_id: u32) -> impl FnOnce(Result<Vec<u8>, Status>) -> Frame + Send + 'static {
+        move |r| Frame {
+            stream_id,
+            kind: TYPE_RESPONSE,
+            flags: 0,
+            payload: Response {
+                status: r.as_ref().err().cloned(),
+                payload: r.unwrap_or_default(),
+            }
+            .encode_to_vec(),
+        }
+    }
+
+    /// The next frame's stream and ttrpc response.
+    fn next(reader: &mut Reader<UnixStream>) -> (u32, Response) {
+        let (conn, frame) = reader.next_frame().expect("read").expect("a frame");
+        assert_eq!(conn, PLUGIN_CONN);
+        let response = Response::decode(frame.payload.as_slice()).expect("a response");
+        (frame.stream_id, response)
+    }
+
+    #[test]
+    fn each_check_answers_itself_and_one_still_running_is_answered_at_its_deadline() {
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        b.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let (writer, mut reader) = (Arc::new(Writer::new(a)), Reader::new(b));
+        let log = Logger::root(slog::Discard, slog::o!());
+        let overdue = Overdue::start(Arc::clone(&writer), log.clone());
+        let budget = Duration::from_millis(100);
+        let (release, hung) = sync_channel::<()>(0);
+        let received = Instant::now();
+        respond(
+            &writer,
+            &overdue,
+            received,
+            budget,
+            &log,
+            "UpdateContainer",
+            reply(3),
+            move || {
+                let _ = hung.recv();
+                Ok(b"late".to_vec())
+            },
+        );
+        respond(
+            &writer,
+            &overdue,
+            Instant::now(),
+            budget,
+            &log,
+            "CreateContainer",
+            reply(5),
+            || Ok(b"verdict".to_vec()),
+        );
+        respond(
+            &writer,
+            &overdue,
+            Instant::now(),
+            budget,
+            &log,
+            "UpdateContainer",
+            reply(7),
+            || Err(status(Code::FailedPrecondition, "refused".into())),
+        );
+        let mut answers = [next(&mut reader), next(&mut reader)];
+        answers.sort_by_key(|(id, _)| *id);
+        assert_eq!(answers[0].0, 5);
+        assert_eq!(answers[0].1.payload, b"verdict");
+        assert_eq!(answers[1].0, 7);
+        assert_eq!(answers[1].1.code(), Code::FailedPrecondition as i32);
+        // The hung check: "no adjustment" once its budget from its arrival ran out.
+        let (id, late) = next(&mut reader);
+        let waited = received.elapsed();
+        assert_eq!(id, 3);
+        assert!(late.status.is_none() && late.payload.is_empty(), "{late:?}");
+        assert!(waited >= budget, "{waited:?}");
+        assert!(waited < budget + Duration::from_secs(5), "{waited:?}");
+        // Done at last, it writes nothing more: each request is answered once.
+        release.send(()).expect("release");
+        respond(
+            &writer,
+            &overdue,
+            Instant::now(),
+            budget,
+            &log,
+            "UpdateContainer",
+            reply(9),
+            || panic!("a check that panics"),
+        );
+        let (id, answer) = next(&mut reader);
+        assert_eq!(
+            id, 9,
+            "the panicking check, answered; nothing from the hung one"
+        );
+        assert!(answer.status.is_none() && answer.payload.is_empty());
+    }
 
     #[test]
     fn subscribes_to_creates_updates_and_removals_only() {
