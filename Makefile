@@ -48,7 +48,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 PROFILE ?= release
 KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
-BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin
+BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin kata-topo-nri
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record k8s-up k8s-down \

@@ -639,6 +639,7 @@ fn make_install_and_uninstall_leave_nothing_behind() {
         "usr/local/bin/kata-topo",
         "usr/local/bin/kata-topo-hook",
         "usr/local/bin/kata-topo-device-plugin",
+        "usr/local/bin/kata-topo-nri",
         "usr/local/share/kata-topo/device-plugin/daemonset.yaml",
         "usr/local/share/kata-topo/device-plugin/kata-topo-device-plugin.service",
         "usr/local/share/kata-topo/nri/daemonset.yaml",
