@@ -48,8 +48,8 @@ go_module_time() {
 
 # go_cached_build CACHE NAME "BIN..." BUILDER INPUT...: the set NAME (a version) of the binaries
 # BIN, in CACHE/NAME-<go version>-<key of the INPUT files, this file and the Go version>.
-# BUILDER DIR builds them into DIR, only when the set is not complete; the older sets in CACHE
-# are then removed. Says what it built and how long it took.
+# BUILDER DIR builds them into DIR, only when the set is not complete; the sets in CACHE no run
+# has used for a day are then removed. Says what it built and how long it took.
 go_cached_build() {
   local cache=$1 name=$2 builder=$4 key started b
   local -a bins
@@ -57,8 +57,17 @@ go_cached_build() {
   shift 4
   key=$( (cat "$@" "${go_build_lib}" && printf '%s\n' "${go_version}") | sha256sum | cut -c1-16)
   go_build_out=${cache}/${name}-${go_version}-${key}
+  # One build of a cache at a time: a second clone (or CI) on the same machine waits for the
+  # first and then finds the set complete, instead of removing the directory it builds into.
+  mkdir -p "${cache}"
+  exec {go_build_lock}> "${cache}.lock"
+  if ! flock -n "${go_build_lock}"; then
+    say "waiting for another build of ${cache} to finish"
+    flock "${go_build_lock}"
+  fi
   if go_set_complete "${bins[@]}"; then
     say "nothing to build: ${name} (${go_version}) is in ${go_build_out}/bin"
+    touch "${go_build_out}"
     return 0
   fi
   started=$(date +%s)
@@ -68,8 +77,10 @@ go_cached_build() {
   touch "${go_build_out}.tmp/built"
   rm -rf "${go_build_out}"
   mv "${go_build_out}.tmp" "${go_build_out}"
-  # Older builds of this cache are of no further use.
-  find "${cache}" -mindepth 1 -maxdepth 1 -type d ! -path "${go_build_out}" -exec rm -rf {} +
+  # Older sets are removed once nothing has used them for a day: another clone's run may
+  # still be using one (a k8s-test guest has it mounted), and removing it under the run
+  # breaks every command it starts next.
+  find "${cache}" -mindepth 1 -maxdepth 1 -type d ! -path "${go_build_out}" -mmin +1440 -exec rm -rf {} +
   say "built ${bins[*]} ${name} with ${go_version} in $(($(date +%s) - started)) s"
   go_set_complete "${bins[@]}" || die "the build left no complete set in ${go_build_out}"
 }
