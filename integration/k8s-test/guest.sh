@@ -613,14 +613,30 @@ wrappers() {
   done | sort | paste -sd ' ' -
 }
 
+# The restarted kubelet serves again: the device plugin registered with it anew (its
+# PodResources API lists the VFIO device as allocatable).
+kubelet_serves_again() {
+  "${k8s}/podresources" --allocatable 2> /dev/null | grep -q '"resourceName": *"kata-topo.io/vfio"'
+}
+
 step_kubelet_containerd_restart() {
-  local before after mark findings running
+  local before after mark findings running t0 back
   before=$(wrappers)
   mark=$(log_mark)
   kill -TERM "${kubelet_pid}" 2> /dev/null || true
   wait "${kubelet_pid}" 2> /dev/null || true
+  t0=$(date +%s)
   start_kubelet
-  sleep 5
+  # containerd is restarted only once the kubelet serves again, as an operator restarting one
+  # after the other would. A kubelet that loses its runtime while it starts takes its list of
+  # running containers from a failed call and, until the device plugin registers again, rejects
+  # a running pod holding a device (UnexpectedAdmissionError: the kubelet's own race,
+  # kubernetes/kubernetes#133382); kt-gpu then ends, whatever the runtime.
+  if ! poll 180 kubelet_serves_again; then
+    record kubelet-containerd-restart false "" "the restarted kubelet did not list kata-topo.io/vfio as allocatable within 180 s: $(tail -n 3 "${results}/kubelet.log" | cut -c 1-600)"
+    return 1
+  fi
+  back=$(($(date +%s) - t0))
   kill -TERM "${containerd_pid}" 2> /dev/null || true
   wait "${containerd_pid}" 2> /dev/null || true
   start_containerd || { record kubelet-containerd-restart false "" "containerd did not come back"; return 1; }
@@ -642,7 +658,7 @@ step_kubelet_containerd_restart() {
   local gpu
   gpu=$(verdict_of kt-gpu)
   local detail
-  detail="wrapper pids before [${before}] after [${after}]; pods ${running}; findings logged across the restarts: ${findings}; kt-late resized to ${again}Mi after them: [${resized}]; kt-gpu's latest verdict: $(jq -c '{operation, class, intent_source, kubelet_cpus: .kubelet.cpus, findings: [.findings[].rule]}' <<< "${gpu:-null}" 2> /dev/null)"
+  detail="the kubelet served again after ${back} s; wrapper pids before [${before}] after [${after}]; pods ${running}; findings logged across the restarts: ${findings}; kt-late resized to ${again}Mi after them: [${resized}]; kt-gpu's latest verdict: $(jq -c '{operation, class, intent_source, kubelet_cpus: .kubelet.cpus, findings: [.findings[].rule]}' <<< "${gpu:-null}" 2> /dev/null)"
   if [ "${before}" = "${after}" ] && [ -n "${before}" ] && [ "${findings}" = 0 ] \
     && [ "${resized}" = memory-exceeds-nodes ] \
     && jq -e '.operation == "update" and .intent_source == "kubelet" and .kubelet.cpus == "1"
