@@ -858,6 +858,7 @@ main() {
     st installer-install step_installer_install
     st installer-pod step_installer_pod
     st installer-upgrade step_installer_upgrade
+    st installer-restart-resize step_installer_restart_resize
     st installer-removal step_installer_removal
     installer_teardown
     end_story

@@ -2,7 +2,8 @@
 # The installer's steps of the k8s-test guest (sourced by guest.sh; run after its own steps,
 # before cleanup): deploy/installer/ applied with kubectl -k, its DaemonSet's pod installing
 # kata-topo on this node, a pod through the installed wrapper, an upgrade to a second image
-# while that pod runs, and the removal restoring the node's files.
+# while that pod runs, that pod's container restarted and resized after the upgrade, and the
+# removal restoring the node's files.
 #
 # Independent of guest.sh's steps: the installer's handler and RuntimeClass are named
 # kata-topo-installed (the hand-installed handler and RuntimeClass kata-topo stay untouched),
@@ -21,7 +22,7 @@
 # shellcheck disable=SC2154,SC2034 # installer_steps is guest.sh's to use; run, results, ws, node, sock, bin, state, k8s, plugin_pid are guest.sh's
 set -euo pipefail
 
-installer_steps=(installer-install installer-pod installer-upgrade installer-removal)
+installer_steps=(installer-install installer-pod installer-upgrade installer-restart-resize installer-removal)
 
 inst_handler=kata-topo-installed
 inst_dir="" # ${run}/installer, set when the steps run (guest-lib.sh sets run after this file)
@@ -328,6 +329,68 @@ step_installer_upgrade() {
     record installer-upgrade true "" "$(cut -c 1-1200 <<< "${detail}")"
   else
     record installer-upgrade false "" "expected the new binaries in place without a containerd restart, kti-app on its old daemon and kti-app2 on the new binary: $(cut -c 1-1200 <<< "${detail}")"
+  fi
+}
+
+# The sandbox of pod NAME (its container's CRI annotation).
+inst_sandbox_of() { # NAME
+  local cid
+  cid=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  cid=${cid#containerd://}
+  [ -n "${cid}" ] || return 1
+  ctr -a "${sock}" -n k8s.io containers info --spec "${cid}" 2> /dev/null \
+    | jq -r '.annotations["io.kubernetes.cri.sandbox-id"] // empty'
+}
+# The allowed checks of OPERATION the wrapper counted in the metrics FILE of a sandbox, and
+# the findings it counted there (every rule, operation and decision).
+inst_checks() { # FILE OPERATION
+  sed -n "s/^kata_topo_checks_total{.*operation=\"$2\",decision=\"allow\"} //p" "$1" 2> /dev/null | head -n 1 | grep . || echo 0
+}
+inst_findings() { # FILE
+  awk '/^kata_topo_findings_total/ { n += $NF } END { print n + 0 }' "$1" 2> /dev/null || echo 0
+}
+inst_checks_above() { [ "$(inst_checks "$1" "$2")" -gt "$3" ]; }
+
+# After the upgrade, kti-app (still on the old wrapper daemon) has its container killed and then
+# its memory limit raised: the kubelet recreates the container in the running sandbox and
+# resizes it, and the wrapper checks both against what the pod was admitted with — the node
+# selector its RuntimeClass gave it before the upgrade, which the node still matches. Both
+# checks clean: the upgrade left nothing for the checks to trip over.
+step_installer_restart_resize() {
+  local sb prom sel id mark rec0 rec1 upd0 upd1 f0 f1 restarts applied rules daemon_exe detail
+  sb=$(inst_sandbox_of kti-app || true)
+  [ -n "${sb}" ] || { record installer-restart-resize false "" "kti-app has no sandbox: $(k get pod kti-app -o jsonpath='{.status}' | cut -c 1-400)"; return 1; }
+  prom=${metrics}/kata-topo-k8s.io-${sb}.prom
+  sel=$(k get pod kti-app -o jsonpath='{.spec.nodeSelector}')
+  rec0=$(inst_checks "${prom}" recreate)
+  f0=$(inst_findings "${prom}")
+  mark=$(log_mark)
+  id=$(k get pod kti-app -o jsonpath='{.status.containerStatuses[0].containerID}')
+  ctr -a "${sock}" -n k8s.io tasks kill -s KILL "${id#containerd://}" > /dev/null 2>&1 \
+    || { record installer-restart-resize false "" "cannot kill kti-app's container ${id}"; return 1; }
+  poll 120 pod_field_is_at_least kti-app '{.status.containerStatuses[0].restartCount}' 1 || true
+  poll 120 ready kti-app || true
+  poll 60 inst_checks_above "${prom}" recreate "${rec0}" || true
+  rec1=$(inst_checks "${prom}" recreate)
+  restarts=$(k get pod kti-app -o jsonpath='{.status.containerStatuses[0].restartCount}')
+  # The CPU manager's push after the recreate counts as an update too: counted from here.
+  sleep 3
+  upd0=$(inst_checks "${prom}" update)
+  resize_memory kti-app 96 > /dev/null 2>&1 || true
+  poll 120 pod_field_is kti-app '{.status.containerStatuses[0].resources.limits.memory}' 96Mi || true
+  poll 60 inst_checks_above "${prom}" update "${upd0}" || true
+  upd1=$(inst_checks "${prom}" update)
+  applied=$(k get pod kti-app -o jsonpath='{.status.containerStatuses[0].resources.limits.memory}')
+  f1=$(inst_findings "${prom}")
+  rules=$(rules_since "${mark}" '.pod_name == "kti-app"')
+  daemon_exe=$(readlink "/proc/${inst_daemon:-0}/exe" 2> /dev/null || echo gone)
+  detail="kti-app nodeSelector ${sel}; node label kata-topo.io/installed=$(inst_label); container killed: restartCount ${restarts:-?}, ready $(ready kti-app && echo yes || echo no); resized to 96Mi: in force ${applied:-?}; its wrapper daemon ${inst_daemon:-none}: ${daemon_exe}; checks counted in ${prom##*/}: recreate ${rec0} -> ${rec1}, update ${upd0} -> ${upd1} (allowed), findings ${f0} -> ${f1}; findings logged: [${rules}]"
+  if grep -q '"kata-topo.io/installed":"true"' <<< "${sel}" && [ "${restarts:-0}" -ge 1 ] && ready kti-app \
+    && [ "${rec1}" -gt "${rec0}" ] && [ "${upd1}" -gt "${upd0}" ] && [ "${applied}" = 96Mi ] \
+    && [ "${f1}" = "${f0}" ] && [ -z "${rules}" ] && [ "${daemon_exe}" != gone ]; then
+    record installer-restart-resize true "" "$(cut -c 1-1200 <<< "${detail}")"
+  else
+    record installer-restart-resize false "${rules}" "expected kti-app's recreate and resize checked by its wrapper after the upgrade, and clean: $(cut -c 1-1200 <<< "${detail}")"
   fi
 }
 
