@@ -30,15 +30,17 @@ results=${results:-/vm-test-results}
 declare -A STORY_STEPS=(
   [node]="node pod-network"
   [core]="guaranteed-admission shared-pool-push resize-audit resize-enforce container-restart kubelet-containerd-restart pool-grows kubelet-stopped"
+  [node-b]="node-b"
   [installer]="${installer_steps[*]}"
   [affinity]="${AFFINITY_STEPS[*]}"
   [seed]="${SEED_STEPS[*]}"
   [nri]="${NRI_STEPS[*]}"
-  [hold]="node-b hold"
+  [hold]="hold"
   [cleanup]="cleanup host-clean"
 )
-# hold (make k8s-up) is never among "all": it keeps the cluster up until make k8s-down.
-STORIES=(node core installer affinity seed nri hold cleanup)
+# hold (make k8s-up) is never among "all": it keeps the cluster up until make k8s-down. node-b
+# (the second node joins) comes with the stories that use node B: installer, seed and hold.
+STORIES=(node core node-b installer affinity seed nri hold cleanup)
 wanted_stories=""
 choose_stories() { # SELECTION: sets wanted_stories; an unknown name is an error
   local w s found
@@ -54,6 +56,11 @@ choose_stories() { # SELECTION: sets wanted_stories; an unknown name is an error
       fi
     done
     [ -n "${found}" ] || { echo "STEPS: no story or step ${w} (stories: ${STORIES[*]})" >&2; return 1; }
+  done
+  for s in installer seed hold; do
+    if grep -qw "${s}" <<< "${wanted_stories}" && ! grep -qw node-b <<< "${wanted_stories}"; then
+      wanted_stories="${wanted_stories} node-b"
+    fi
   done
 }
 wanted() { grep -qw -- "$1" <<< "${wanted_stories}"; }
@@ -141,20 +148,9 @@ start_containerd() {
 }
 
 write_restart_containerd() {
-  cat > "${run}/restart-containerd" << EOF
-#!/bin/sh
-# Restarts the supervised containerd; returns once the next one serves.
-old=\$(cat ${run}/containerd.pid)
-kill -TERM "\${old}" || exit 1
-for _ in \$(seq 1 240); do
-  new=\$(cat ${run}/containerd.pid)
-  if [ "\${new}" != "\${old}" ] && $(command -v ctr) -a ${sock} version > /dev/null 2>&1; then exit 0; fi
-  sleep 0.5
-done
-echo "containerd did not come back" >&2
-exit 1
-EOF
-  chmod 0755 "${run}/restart-containerd"
+  "${templates}/render.sh" "${templates}/restart-containerd" PID_FILE="${run}/containerd.pid" \
+    CTR="$(command -v ctr)" ADDRESS="${sock}" > "${run}/restart-containerd" \
+    && chmod 0755 "${run}/restart-containerd"
 }
 
 # The wrapper reads the node's labels with the kubelet's credentials: a root-only copy of the
@@ -852,6 +848,11 @@ main() {
     end_story
   fi
   relabel_mark=$(log_mark)
+  if wanted node-b; then
+    begin_story node-b
+    st node-b step_node_b
+    end_story
+  fi
   if wanted installer; then
     begin_story installer
     inst_dir=${run}/installer
@@ -874,7 +875,6 @@ main() {
   fi
   if wanted seed; then
     begin_story seed
-    st node-b step_node_b
     st seed-scheduled step_seed_scheduled
     st seed-image step_seed_image
     st seed-resize step_seed_resize
@@ -895,7 +895,6 @@ main() {
   fi
   if wanted hold; then
     begin_story hold
-    st node-b step_node_b
     st hold step_hold
     end_story
   fi

@@ -52,6 +52,12 @@ apiserver_pid=""
 scheduler_pid=""
 controllers_pid=""
 api_port=""
+# Where the API server listens: the host's loopback at a free port; when node B runs, the
+# address the guest reaches it at, 10.0.2.100:6443, held on the host's lo for the run — a pod
+# on either node (the installer's, with the host's network) then finds the API server at the
+# same address.
+api_addr=127.0.0.1
+api_addr_held=""
 
 free_port() { # a TCP port nothing on this host's loopback listens on
   local p
@@ -78,6 +84,7 @@ stop_pid() { # PID
 
 scenario_down() {
   stop_node_b
+  release_api_addr
   stop_pid "${scheduler_pid}"
   scheduler_pid=""
   stop_pid "${controllers_pid}"
@@ -140,9 +147,16 @@ scenario_up() {
   printf '%s,admin,admin,system:masters\n%s,system:node:kata-topo-vm,node-kata-topo-vm,system:nodes\n%s,system:node:kata-topo-b,node-kata-topo-b,system:nodes\n' \
     "${admin_token}" "${node_token}" "${node_b_token}" > "${pki}/tokens.csv"
 
-  local etcd_port peer_port
-  if ! { etcd_port=$(free_port) && peer_port=$(free_port) && api_port=$(free_port); }; then
+  local etcd_port peer_port want_b=""
+  grep -qx node-b <<< "$(KT_K8S_STEPS=${KT_K8S_STEPS:-} bash "${workspace}/integration/k8s-test/guest.sh" --list-steps)" && want_b=1
+  if ! { etcd_port=$(free_port) && peer_port=$(free_port); }; then
     die "no free port on the loopback"
+  fi
+  if [ -n "${want_b}" ]; then
+    lock_node_b
+    hold_api_addr
+  else
+    api_port=$(free_port) || die "no free port on the loopback"
   fi
   setpriv --pdeathsig KILL "${k8s_bin}/etcd" --data-dir "${control}/etcd" \
     --listen-client-url "http://127.0.0.1:${etcd_port}" --listen-peer-url "http://127.0.0.1:${peer_port}" \
@@ -151,7 +165,7 @@ scenario_up() {
   # Privileged containers allowed, as kubeadm's clusters do: the installer's DaemonSet is one.
   setpriv --pdeathsig KILL "${k8s_bin}/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:${etcd_port}" \
-    --bind-address 127.0.0.1 --secure-port "${api_port}" --advertise-address 10.0.2.100 \
+    --bind-address "${api_addr}" --secure-port "${api_port}" --advertise-address 10.0.2.100 \
     --tls-cert-file "${pki}/apiserver.crt" --tls-private-key-file "${pki}/apiserver.key" \
     --client-ca-file "${pki}/ca.crt" --token-auth-file "${pki}/tokens.csv" \
     --authorization-mode Node,RBAC \
@@ -160,7 +174,7 @@ scenario_up() {
     --service-cluster-ip-range 10.96.0.0/24 --profiling=false --allow-privileged=true \
     < /dev/null > "${control}/kube-apiserver.log" 2>&1 &
   apiserver_pid=$!
-  kubeconfig "https://127.0.0.1:${api_port}" "${admin_token}" "${pki}/ca.crt" > "${control}/admin.kubeconfig"
+  kubeconfig "https://${api_addr}:${api_port}" "${admin_token}" "${pki}/ca.crt" > "${control}/admin.kubeconfig"
   local ready=""
   for _ in $(seq 1 600); do
     kill -0 "${apiserver_pid}" 2> /dev/null || break
@@ -203,14 +217,7 @@ scenario_up() {
   kubeconfig https://10.0.2.100:6443 "${admin_token}" "${pki}/ca.crt" > "${out}/guest/k8s/admin.kubeconfig"
   kubeconfig https://10.0.2.100:6443 "${node_token}" "${pki}/ca.crt" > "${out}/guest/k8s/kubelet.kubeconfig"
   cp "${pki}/ca.crt" "${out}/guest/k8s/ca.crt"
-  (umask 077 && kubeconfig "https://127.0.0.1:${api_port}" "${node_b_token}" "${pki}/ca.crt" > "${pki}/node-b.kubeconfig")
-  # Node B only for the stories that use it.
-  if grep -qx node-b <<< "$(KT_K8S_STEPS=${KT_K8S_STEPS:-} bash "${workspace}/integration/k8s-test/guest.sh" --list-steps)"; then
-    start_node_b
-  else
-    mkdir -p "${out}/guest/node-b"
-    echo "not started" > "${out}/guest/node-b/status"
-  fi
+  (umask 077 && kubeconfig "https://${api_addr}:${api_port}" "${node_b_token}" "${pki}/ca.crt" > "${pki}/node-b.kubeconfig")
   printf '%s\n' "${containerd_bin}" > "${out}/guest/k8s/containerd-bin"
   # The installer's image in two versions (integration/k8s-test/steps-installer.sh upgrades
   # from the first to the second): the workspace's version, and the same build stamped -next.
@@ -223,6 +230,13 @@ scenario_up() {
       || die "building the installer's image ${v} failed"
     echo "${v}" >> "${out}/guest/k8s/installer-versions"
   done
+  # Node B only for the stories that use it (it imports the installer's images just built).
+  if [ -n "${want_b}" ]; then
+    start_node_b
+  else
+    mkdir -p "${out}/guest/node-b"
+    echo "not started" > "${out}/guest/node-b/status"
+  fi
   "${k8s_bin}/etcd" --version > "${out}/guest/k8s/etcd.version" 2>&1 || true
   local b
   for b in kube-apiserver kube-scheduler kube-controller-manager; do
@@ -231,7 +245,7 @@ scenario_up() {
   say "etcd, kube-apiserver, kube-scheduler and kube-controller-manager up on the host's loopback in $(($(date +%s) - started_up)) s"
   # QEMU, restricted: each guest connection to 10.0.2.100:6443 runs one relay to the API server.
   scenario_qemu_args=(
-    -netdev "user,id=api,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:busybox nc 127.0.0.1 ${api_port}"
+    -netdev "user,id=api,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:busybox nc ${api_addr} ${api_port}"
     -device "virtio-net-pci,netdev=api,bus=pcie.0"
   )
 }
@@ -244,12 +258,28 @@ node_b_env() {
   env NODE_B_DIR="${out}/node-b" NODE_B_SHARE="${out}/guest/node-b" KT_K8S_BIN="${k8s_bin}" \
     WORKSPACE="${workspace}" NODE_B_KUBECONFIG="${pki}/node-b.kubeconfig" "$@"
 }
-start_node_b() {
-  local script=${workspace}/integration/k8s-test/node-b.sh
-  # Node B's name, address, bridge and cgroup root are this host's: one run at a time holds
-  # them (make k8s-test and make k8s-up included), the lock held until this script exits.
+# Node B's name, address, bridge and cgroup root, and the API address 10.0.2.100:6443, are this
+# host's: one run at a time holds them (make k8s-test and make k8s-up included), the lock held
+# until this script exits.
+lock_node_b() {
   exec {node_b_lock}> /run/lock/kata-topo-node-b.lock
   flock -n "${node_b_lock}" || die "another make k8s-test or make k8s-up runs node B on this host (make k8s-down ends the latter)"
+}
+hold_api_addr() {
+  # A run killed before its teardown left the address (the lock says no run holds it now).
+  ip addr del 10.0.2.100/32 dev lo 2> /dev/null || true
+  ip addr add 10.0.2.100/32 dev lo || die "cannot add 10.0.2.100/32 to lo for the API server"
+  api_addr_held=1
+  api_addr=10.0.2.100
+  api_port=6443
+}
+release_api_addr() {
+  [ -n "${api_addr_held}" ] || return 0
+  ip addr del 10.0.2.100/32 dev lo 2> /dev/null || true
+  api_addr_held=""
+}
+start_node_b() {
+  local script=${workspace}/integration/k8s-test/node-b.sh
   node_b_env bash "${script}" clean > /dev/null 2>&1 || true
   rm -rf "${out}/guest/node-b"
   mkdir -p "${out}/guest/node-b"
@@ -282,6 +312,8 @@ scenario_finish() {
   local before="" procs
   before=$(cat "${out}/guest/node-b/leftovers" 2> /dev/null || true)
   stop_node_b
+  release_api_addr
+  if ip -br addr show dev lo | grep -qw 10.0.2.100/32; then node_b_left="${node_b_left}address 10.0.2.100 on lo; "; fi
   procs=$({ grep -l "kata-topo-b" /proc/[0-9]*/cgroup 2> /dev/null || true; } | wc -l)
   local detail="node B stopped: its namespace's processes killed, then node-b.sh clean: ${node_b_left:-nothing left}; processes in its cgroups after: ${procs}; the guest's last leftovers check on node B: ${before:-nothing}"
   [ "$(cat "${out}/guest/node-b/status" 2> /dev/null)" != "not started" ] || detail="node B not started (no story of this run uses it); processes in its cgroups: ${procs}"

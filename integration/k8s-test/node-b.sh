@@ -3,7 +3,9 @@
 # kata-topo's wrapper, on this host, in a mount and PID namespace of its own, under the cgroup
 # root /kata-topo-b. Its topology is the host's (one NUMA node here), it has no VFIO device and
 # no CPU, memory or Topology Manager policy: the node a rolling upgrade's new pod goes to when
-# the label the pod requires moved there.
+# the label the pod requires moved there, and the installer's second node (its DaemonSet's pod
+# installs kata-topo here as on node A: /opt of the namespace, the handler in the directory its
+# containerd imports, containerd restarted by the node's restart command).
 #
 # Why on the host and not a second guest: under TCG a second emulated node would share the two
 # host cores with node A and double the time of every step on either; here the kubelet and
@@ -13,8 +15,8 @@
 #
 #   node-b.sh run      PID 1 of its namespaces (host.sh: unshare --mount --pid --fork): mounts,
 #                      containerd, the images; the kubelet once the guest asks for it
-#                      (SHARE/start appears: node B joins after the installer's steps, which
-#                      run on node A alone); stays until killed
+#                      (SHARE/start appears: the story node-b, before the installer's);
+#                      answers the guest's questions (SHARE/ask-WHAT); stays until killed
 #   node-b.sh clean    on the host, once the namespace has ended: the cgroups, the bridge, the
 #                      node's address, the kernel settings the kubelet changed, the data; prints
 #                      what it could not remove
@@ -69,13 +71,15 @@ supervise() { # NAME COMMAND...
 
 setup() {
   local k8s=${KT_K8S_BIN:?} ws=${WORKSPACE:?} c
-  # The node's own filesystem view: a fresh /run, its own /var/lib and /var/log.
-  mkdir -p "${dir}/var-lib" "${dir}/var-log"
+  # The node's own filesystem view: a fresh /run, its own /var/lib and /opt (where the installer
+  # puts kata-topo), and /var/log on the share (the guest follows the installer's pod logs).
+  mkdir -p "${dir}/var-lib" "${dir}/opt" "${share}/var-log"
   mount -t tmpfs -o mode=0755 tmpfs /run
   mount --bind "${dir}/var-lib" /var/lib
-  mount --bind "${dir}/var-log" /var/log
-  mkdir -p /run/containerd /run/netns "${run}/bin" "${run}/cni/conf" /var/lib/kubelet /var/lib/containerd \
-    /var/lib/prometheus/node-exporter /var/log/pods
+  mount --bind "${dir}/opt" /opt
+  mount --bind "${share}/var-log" /var/log
+  mkdir -p /run/containerd /run/netns "${run}/bin" "${run}/cni/conf" "${run}/containerd.d" /var/lib/kubelet \
+    /var/lib/containerd /var/lib/prometheus/node-exporter /var/log/pods
   # The cgroup root the kubelet puts its pods under, in every v1 hierarchy (cpuset's needs its
   # CPUs and memory nodes before a task can join).
   for c in /sys/fs/cgroup/*/; do
@@ -93,9 +97,12 @@ setup() {
     METRICS_DIR="${share}/metrics" REFRESH_SECONDS=5 KUBELET_TIMEOUT_MS=2000 \
     KUBECONFIG="${run}/kubelet.kubeconfig" NODE_NAME="${node}" API_TIMEOUT_MS=5000 \
     > "${run}/kata-topo.toml"
-  "${templates}/render.sh" "${templates}/containerd.toml" V2=1 \
+  "${templates}/render.sh" "${templates}/containerd.toml" V2=1 IMPORTS="${run}/containerd.d/*.toml" \
     ROOT=/var/lib/containerd STATE=/run/containerd ADDRESS="${sock}" \
     SANDBOX_IMAGE=localhost/kata-topo/pause:1 CNI="${run}/cni" DEBUG=1 > "${run}/containerd.toml"
+  "${templates}/render.sh" "${templates}/restart-containerd" PID_FILE="${run}/containerd.pid" \
+    CTR="$(command -v ctr)" ADDRESS="${sock}" > "${run}/restart-containerd"
+  chmod 0755 "${run}/restart-containerd"
   ln -sfn "${k8s}/cni" "${run}/cni/bin"
   "${templates}/render.sh" "${ws}/integration/k8s-test/cni.conflist" BRIDGE="${bridge}" POD_CIDR="${pod_cidr}" \
     > "${run}/cni/conf/10-kata-topo.conflist"
@@ -105,6 +112,11 @@ setup() {
   local image
   for image in pause busybox; do
     ctr -a "${sock}" -n k8s.io images import "${ws}/target/kata-topo-images/${image}.tar" > /dev/null
+  done
+  # The installer's images, when the run built them (its story runs).
+  for image in "${ws}"/target/kata-topo-images/installer-*.tar; do
+    [ -e "${image}" ] || continue
+    ctr -a "${sock}" -n k8s.io images import "${image}" > /dev/null
   done
   ctr -a "${sock}" -n k8s.io images tag localhost/kata-topo/busybox:1 localhost/kata-topo/busybox:2 > /dev/null
   containerd --version > "${share}/containerd.version"
@@ -159,25 +171,51 @@ run_node() {
   while [ ! -e "${share}/start" ]; do sleep 1; done
   start_kubelet
   echo kubelet > "${share}/status"
-  # What the guest asks of this node, answered from inside its namespaces: SHARE/ask-leftovers
-  # -> SHARE/leftovers (what of its pods is still here), SHARE/ask-status -> SHARE/status.json
-  # (kata-topo status --json, which sees the node's wrapper processes alive).
-  local what
+  # What the guest asks of this node, answered from inside its namespaces: SHARE/ask-WHAT (its
+  # content the argument, if any) -> SHARE/WHAT (status: status.json), WHAT one of answer's.
+  # PID 1 of the namespace must not end on a failed answer: errors are the answer's.
+  set +e
+  local what arg
   while :; do
-    for what in leftovers status; do
+    for what in leftovers status files containerd stamp dropin follow; do
       [ -e "${share}/ask-${what}" ] || continue
+      arg=$(cat "${share}/ask-${what}")
       rm -f "${share}/ask-${what}"
-      answer "${what}" > "${share}/${what}.tmp" 2>&1 || true
+      answer "${what}" "${arg}" > "${share}/${what}.tmp" 2>&1
       mv "${share}/${what}.tmp" "${share}/${what}$([ "${what}" = status ] && echo .json)"
     done
     sleep 0.5
   done
 }
 
-answer() { # leftovers|status
+answer() { # WHAT [ARG]
+  local f
   case "$1" in
+    # What of its pods is still here.
     leftovers) leftovers ;;
+    # kata-topo status --json, which sees the node's wrapper processes alive.
     status) "${WORKSPACE:?}/target/debug/kata-topo" status --state-dir "${share}/state" --json ;;
+    # The files the installer may touch (the installer's steps compare them).
+    files) bash "${WORKSPACE:?}/integration/k8s-test/node-files.sh" "${run}" ;;
+    # The containerd the supervisor runs (its pid: a restart changes it).
+    containerd) cat "${run}/containerd.pid" ;;
+    # The version the installer's image stamped into the shim it put here.
+    # The configuration version of the handler the installer dropped where containerd imports.
+    dropin) cat "${run}"/containerd.d/*.toml 2> /dev/null | grep -m1 '^version' ;;
+    # Kube-system pod ARG's installer log kept in SHARE/follow-ARG.log while it runs and ends
+    # (the kubelet removes a deleted pod's log directory; the guest's own tail cannot follow a
+    # file this side writes).
+    follow)
+      f=$(find /var/log/pods -path "*/kube-system_${2}_*/installer/*.log" 2> /dev/null | head -n 1)
+      if [ -n "${f}" ]; then
+        tail -n +1 -F "${f}" > "${share}/follow-${2}.log" 2> /dev/null &
+        echo "following ${f}"
+      else
+        echo "no log of ${2}"
+      fi
+      ;;
+    stamp) readelf -p .kata_topo_image /opt/kata-topo/bin/containerd-shim-kata-topo-v2 2> /dev/null \
+      | sed -n 's/^ *\[ *0\] *//p' | head -n 1 ;;
   esac
 }
 

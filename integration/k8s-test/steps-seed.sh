@@ -9,7 +9,7 @@
 # shellcheck disable=SC2154,SC2034 # the node, kubectl and the paths are guest.sh's and guest-lib.sh's
 set -euo pipefail
 
-SEED_STEPS=(node-b seed-scheduled seed-image seed-resize seed-restart seed-enforce seed-no-affinity
+SEED_STEPS=(seed-scheduled seed-image seed-resize seed-restart seed-enforce seed-no-affinity
   seed-rolling)
 
 node_b=kata-topo-b
@@ -19,8 +19,8 @@ seed_pod="" seed_uid="" seed_ip="" seed_enforce="" seed_plain="" seed_mark=0
 
 node_b_ready() { [ "$(k get node "${node_b}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 
-# Node B joins: the host started its containerd with the wrapper; the guest asks for its kubelet
-# now (the installer's steps, before, ran on node A alone).
+# Node B joins (the story node-b, before the installer's and the seed's): the host started its
+# containerd with the wrapper; the guest asks for its kubelet now.
 step_node_b() {
   local s detail
   s=$(cat "${node_b_share}/status" 2> /dev/null || true)
@@ -281,11 +281,11 @@ step_seed_enforce() {
 
 # 4. The contrast: a rolling upgrade creates a new pod, which the scheduler places where the
 # label is now, node B; its sandbox there is new, and clean.
-node_b_ask() { # leftovers|status: node-b.sh's answer, from inside node B's namespaces
+node_b_ask() { # WHAT [ARG]: node-b.sh's answer (its answer()), from inside node B's namespaces
   local answer=${node_b_share}/$1
   [ "$1" = status ] && answer=${answer}.json
   rm -f "${answer}"
-  touch "${node_b_share}/ask-$1"
+  printf '%s' "${2:-}" > "${node_b_share}/ask-$1.tmp" && mv "${node_b_share}/ask-$1.tmp" "${node_b_share}/ask-$1"
   poll 20 test -e "${answer}" || return 1
   cat "${answer}"
 }
