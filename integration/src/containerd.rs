@@ -410,6 +410,25 @@ impl Containerd {
             .collect()
     }
 
+    /// The wrapper's finding lines once `want` holds for them, or as they are after
+    /// `timeout`. The wrapper writes its log off the request path (a slow disk never holds
+    /// a pod's call), so a verdict's lines may land a moment after the answer that carried
+    /// it: a test that expects lines waits for them here.
+    pub fn findings_when(
+        &self,
+        timeout: Duration,
+        want: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self.findings();
+            if want(&found) || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Live processes of this containerd whose command line contains `needle`.
     pub fn pids_matching(&self, needle: &str) -> Vec<u32> {
         self.leftover_processes()

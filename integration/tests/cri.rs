@@ -9,9 +9,8 @@ const POD_ANNOTATIONS: &[(&str, &str)] = &[
     ("kata-topo.io/numa-nodes", "1"),
 ];
 
-fn rules_of(c: &Containerd, operation: &str) -> Vec<String> {
-    let mut r: Vec<String> = c
-        .findings()
+fn rules_in(findings: &[serde_json::Value], operation: &str) -> Vec<String> {
+    let mut r: Vec<String> = findings
         .iter()
         .filter(|l| l["operation"] == operation)
         .map(|l| l["rule"].as_str().unwrap_or_default().to_string())
@@ -19,6 +18,13 @@ fn rules_of(c: &Containerd, operation: &str) -> Vec<String> {
     r.sort();
     r.dedup();
     r
+}
+
+/// The rules logged for `operation` once they are `want` (the log is written off the request
+/// path), or as they are after 10 s.
+fn rules_of(c: &Containerd, operation: &str, want: &[&str]) -> Vec<String> {
+    let found = c.findings_when(Duration::from_secs(10), |f| rules_in(f, operation) == want);
+    rules_in(&found, operation)
 }
 
 #[test]
@@ -53,7 +59,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
     cri.update(&id, &on_node0).expect("audit forwards the push");
     assert_eq!(cri.allowed_cpus(&id), "0", "the delegate applied it");
     assert_eq!(
-        rules_of(&c, "update"),
+        rules_of(&c, "update", &["cpu-outside-intent", "vfio-remote"]),
         vec!["cpu-outside-intent", "vfio-remote"]
     );
     let line = c
@@ -97,7 +103,7 @@ fn audit_resize_stays_clean_cpuset_push_is_reported_recreate_is_checked() {
         .start_container(&pod, &cfg, "trainer", &spanning, true)
         .expect("recreate");
     assert_eq!(
-        rules_of(&c, "recreate"),
+        rules_of(&c, "recreate", &["cpu-outside-intent", "cpu-spans-numa"]),
         vec!["cpu-outside-intent", "cpu-spans-numa"]
     );
     cri.remove_container(&again);
@@ -155,7 +161,9 @@ fn enforce_refuses_the_crossing_update_and_the_container_keeps_running() {
         "1"
     );
     let refused = c
-        .findings()
+        .findings_when(Duration::from_secs(10), |f| {
+            f.iter().any(|l| l["decision"] == "reject")
+        })
         .into_iter()
         .find(|l| l["decision"] == "reject")
         .expect("a reject line");
@@ -211,7 +219,16 @@ fn a_pod_annotated_audit_on_an_enforce_node_is_still_refused() {
         "1",
         "the kernel still runs it on CPU 1"
     );
-    let findings = c.findings();
+    let override_line = |l: &serde_json::Value, annotation: &str| {
+        l["rule"] == "override-ignored"
+            && l["observed"]["annotation"] == annotation
+            && l["operation"] == "update"
+    };
+    let findings = c.findings_when(Duration::from_secs(10), |f| {
+        ["kata-topo.io/mode", "kata-topo.io/policy"]
+            .iter()
+            .all(|a| f.iter().any(|l| override_line(l, a)))
+    });
     for annotation in ["kata-topo.io/mode", "kata-topo.io/policy"] {
         let line = findings
             .iter()
@@ -277,11 +294,11 @@ fn two_pods_and_fifty_concurrent_updates() {
         assert!(r.is_ok(), "{r:?}");
     }
     // Every crossing update was checked (audit), the other pod untouched.
-    assert!(c
-        .findings()
+    let findings = c.findings_when(Duration::from_secs(10), |f| !f.is_empty());
+    assert!(findings
         .iter()
         .all(|l| l["container_id"] == pods[0].1.as_str()));
-    assert!(!c.findings().is_empty());
+    assert!(!findings.is_empty());
     let (state, _) = cri.status(&pods[1].1);
     assert_eq!(state, RUNNING);
     for (pod, _) in &pods {

@@ -111,10 +111,11 @@ fn containerd_restart_reconnects_through_the_wrapper() {
         "the same wrapper serves on"
     );
     cri.update(&id, &res.on("0")).expect("audit forwards");
+    let updated = |l: &serde_json::Value| l["rule"] == "vfio-remote" && l["operation"] == "update";
     assert!(
-        c.findings()
+        c.findings_when(Duration::from_secs(10), |f| f.iter().any(updated))
             .iter()
-            .any(|l| l["rule"] == "vfio-remote" && l["operation"] == "update"),
+            .any(updated),
         "an update after the restart is still checked: {:#?}",
         c.log_lines()
     );
@@ -152,7 +153,9 @@ fn unreadable_topology_is_check_failed_and_the_pod_runs() {
     cri.update(&id, &res.on("0")).expect("forwarded");
     assert_eq!(cri.status(&id).0, RUNNING);
     let failed: Vec<_> = c
-        .findings()
+        .findings_when(Duration::from_secs(10), |f| {
+            f.iter().any(|l| l["rule"] == "check-failed")
+        })
         .into_iter()
         .filter(|l| l["rule"] == "check-failed")
         .collect();

@@ -39,10 +39,11 @@ fn hook_in_the_base_runtime_spec_refuses_a_crossing_container() {
         "{err:?}"
     );
     assert_eq!(cri.status(&bad).0, EXITED);
+    let refused = |l: &serde_json::Value| l["rule"] == "vfio-remote" && l["decision"] == "reject";
     assert!(c
-        .findings()
+        .findings_when(Duration::from_secs(10), |f| f.iter().any(refused))
         .iter()
-        .any(|l| l["rule"] == "vfio-remote" && l["decision"] == "reject"));
+        .any(refused));
     cri.remove_container(&bad);
     let good = cri
         .start_container(&pod, &cfg, "worker", &res.on("1"), true)
