@@ -19,40 +19,14 @@
 //! of a core, start p95 ratio <= 1.10. `KT_BENCH_PODS=20` is a quick check. Uses the release
 //! binaries (`make bench` builds them).
 
+mod pods;
 mod stats;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kata_topo_integration::{Containerd, Cri, Guard, Resources};
-use stats::{ms, percentile};
-
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|v| *v > 0)
-        .unwrap_or(default)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// A `kB` field of a `/proc` file (`Pss:` of `smaps_rollup`).
-fn kb_field(path: &Path, name: &str) -> u64 {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
+use kata_topo_integration::{Containerd, Cri, Guard};
+use pods::{knob, loadavg, remove_all, wave};
 
 /// utime + stime of a process or a thread (`/proc/PID/stat` or `/proc/PID/task/TID/stat`), in
 /// clock ticks.
@@ -97,44 +71,6 @@ fn thread_ns(pid: u32, prefix: &str) -> u64 {
 
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-/// One wave: `names.len()` pods started at once on `handler`, one client each; the time from
-/// RunPodSandbox to the end of StartContainer per pod, and the pod ids.
-fn wave(clients: &mut [Cri], handler: &str, names: &[String]) -> Vec<(String, Duration)> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = clients
-            .iter_mut()
-            .zip(names)
-            .map(|(cri, name)| {
-                s.spawn(move || {
-                    let cfg = cri.pod_config(name, &[]);
-                    let t = Instant::now();
-                    let pod = cri
-                        .run_pod(&cfg, handler)
-                        .unwrap_or_else(|e| panic!("RunPodSandbox {name} on {handler}: {e}"));
-                    cri.start_container(&pod, &cfg, "app", &Resources::default(), false)
-                        .unwrap_or_else(|e| panic!("StartContainer {name} on {handler}: {e}"));
-                    (pod, t.elapsed())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a start thread panicked"))
-            .collect()
-    })
-}
-
-/// Stops and removes pods, `clients.len()` at a time.
-fn remove_all(clients: &mut [Cri], pods: &[String]) {
-    for chunk in pods.chunks(clients.len()) {
-        std::thread::scope(|s| {
-            for (cri, pod) in clients.iter_mut().zip(chunk) {
-                s.spawn(move || cri.remove_pod(pod));
-            }
-        });
-    }
 }
 
 struct Handler {
@@ -246,31 +182,10 @@ fn main() {
         start_secs,
         2 * pods
     );
-    println!(
-        "    {:<26} {:>9} {:>9} {:>9}   {:>6} {:>6} {:>6}",
-        "", "median", "p95", "max", "×med", "×p95", "×max"
-    );
-    let summary = |s: &[Duration]| {
-        let mut s = s.to_vec();
-        s.sort();
-        (percentile(&s, 0.5), percentile(&s, 0.95), s[s.len() - 1])
-    };
-    let base = summary(&handlers[0].starts);
+    pods::print_header();
     let mut p95_ratio = 0.0;
     for h in &handlers {
-        let (m, p, x) = summary(&h.starts);
-        let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-        println!(
-            "    {:<26} {:>6.0} ms {:>6.0} ms {:>6.0} ms   {:>6.3} {:>6.3} {:>6.3}",
-            format!("{} ({})", h.name, h.starts.len()),
-            ms(m),
-            ms(p),
-            ms(x),
-            r(m, base.0),
-            r(p, base.1),
-            r(x, base.2)
-        );
-        p95_ratio = r(p, base.1);
+        p95_ratio = pods::print_row(h.name, &h.starts, &handlers[0].starts).1;
     }
 
     // 2. and 3. Memory and descriptors with every pod running.
@@ -280,18 +195,8 @@ fn main() {
         .into_iter()
         .filter(|p| !wrappers.contains(p))
         .collect();
-    let pss = |pids: &[u32]| -> u64 {
-        pids.iter()
-            .map(|p| kb_field(Path::new(&format!("/proc/{p}/smaps_rollup")), "Pss:"))
-            .sum()
-    };
-    let rss = |pids: &[u32]| -> u64 {
-        pids.iter()
-            .map(|p| kb_field(Path::new(&format!("/proc/{p}/status")), "VmRSS:"))
-            .sum()
-    };
-    let (wpss, spss) = (pss(&wrappers), pss(&shims));
-    let (wrss, srss) = (rss(&wrappers), rss(&shims));
+    let (wpss, spss) = (pods::pss_kb(&wrappers), pods::pss_kb(&shims));
+    let (wrss, srss) = (pods::rss_kb(&wrappers), pods::rss_kb(&shims));
     let mib = |kb: u64, n: usize| kb as f64 / 1024.0 / n.max(1) as f64;
     println!("\n(2) memory with all {} pods running", 2 * pods);
     println!(

@@ -5,8 +5,20 @@
 //! the plugin and without it (the plugin stopped: containerd then calls no plugin), and through
 //! the wrapper (a pod on the `kata-topo` handler, no plugin). Then, beside the plugin's answer,
 //! the wrapper's check of each `Update` (from its debug lines, in a containerd at debug: the
-//! request waits for it).
+//! request waits for it). `KT_BENCH_NRI_UPDATES=0` leaves these out.
+//!
+//! Then the node with many pods (`KT_BENCH_PODS`, 100), on the plain `runc` handler, started
+//! `KT_BENCH_PARALLEL` (10) at a time over CRI as the wrapper's node-scale bench starts them
+//! (`node.rs`), in a containerd with NRI on and the live topology (through the node-wide
+//! cache), metrics on, as the DaemonSet runs the plugin: once with no plugin connected, once
+//! with `kata-topo-nri` connected and checking every pod. Prints the start times (median, p95,
+//! max) of both and their ratios, and the plugin's memory — PSS (`smaps_rollup`), RSS and
+//! threads — connected with no pod, with every pod, and once they are all removed.
+//!
+//! Targets (figures, not tests): the plugin's PSS with 100 pods <= 5 MiB; start ratio to the
+//! plain handler <= 1.02 at the median and the p95.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,10 +26,46 @@ use kata_topo_integration::{
     bin_dir, eventually, workspace, Containerd, ContainerdBin, Cri, Guard, Resources,
 };
 
+mod pods;
 mod stats;
+use pods::{kb_field, knob, loadavg, mib, pss_kb, remove_all, rss_kb, start_pods};
 use stats::{ms, percentile};
 
 struct Plugin(Child);
+
+impl Plugin {
+    /// `kata-topo-nri` on `c`'s configuration and NRI socket, registered.
+    fn start(c: &Containerd, debug: bool) -> Self {
+        let mut cmd = Command::new(bin_dir().join("kata-topo-nri"));
+        cmd.arg("--config")
+            .arg(&c.config)
+            .arg("--socket")
+            .arg(&c.nri_socket);
+        if debug {
+            cmd.arg("--debug");
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start kata-topo-nri");
+        let plugin = Self(child);
+        let registered = || c.log_lines().iter().any(|l| l["event"] == "nri-registered");
+        assert!(
+            eventually(Duration::from_secs(30), registered),
+            "the plugin registered"
+        );
+        plugin
+    }
+
+    /// PSS and RSS in kB, and threads.
+    fn memory(&self) -> (u64, u64, u64) {
+        let pid = [self.0.id()];
+        let threads = kb_field(Path::new(&format!("/proc/{}/status", pid[0])), "Threads:");
+        (pss_kb(&pid), rss_kb(&pid), threads)
+    }
+}
 
 impl Drop for Plugin {
     fn drop(&mut self) {
@@ -69,13 +117,10 @@ fn updates(cri: &mut Cri, id: &str, admitted: &Resources, n: usize) -> Vec<Durat
         .collect()
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
     if std::env::var_os("KT_CONTAINERD_BIN").is_none() {
         std::env::set_var(
             "KT_CONTAINERD_BIN",
@@ -83,6 +128,9 @@ fn main() {
         );
     }
     assert!(ContainerdBin::get().is_v2(), "NRI needs containerd 2.x");
+    if std::env::var_os("KATA_TOPO_BIN_DIR").is_none() {
+        eprintln!("note: KATA_TOPO_BIN_DIR unset; measuring the target/debug binaries");
+    }
     let n: usize = std::env::var("KT_BENCH_NRI_UPDATES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -92,29 +140,21 @@ fn main() {
         ContainerdBin::get().version_text,
         loadavg()
     );
+    if n > 0 {
+        updates_bench(n);
+    }
+    node_bench(knob("KT_BENCH_PODS", 100), knob("KT_BENCH_PARALLEL", 10));
+}
+
+/// The plugin's answers and the CRI round trips of `n` resizes.
+fn updates_bench(n: usize) {
     let admitted = Resources::admitted();
     {
         let c = Containerd::start(Guard {
             under: Some(workspace().join("target/nri-bench")),
             ..Guard::default()
         });
-        let plugin = Command::new(bin_dir().join("kata-topo-nri"))
-            .arg("--config")
-            .arg(&c.config)
-            .arg("--socket")
-            .arg(&c.nri_socket)
-            .arg("--debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kata-topo-nri");
-        let plugin = Plugin(plugin);
-        let registered = || c.log_lines().iter().any(|l| l["event"] == "nri-registered");
-        assert!(
-            eventually(Duration::from_secs(30), registered),
-            "the plugin registered"
-        );
+        let plugin = Plugin::start(&c, true);
         let mut cri = c.cri();
         let cfg = cri.pod_config("nri-bench", &[("kata-topo.io/numa-nodes", "1")]);
         let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
@@ -180,4 +220,102 @@ fn main() {
     println!("load average {} at the end", loadavg());
     cri.remove_container(&id);
     cri.remove_pod(&pod);
+}
+
+/// `pods` pods on the plain `runc` handler, `parallel` at a time: without the plugin, then
+/// with it; their start times and the plugin's memory.
+fn node_bench(pods: usize, parallel: usize) {
+    let parallel = parallel.min(pods);
+    let c = Containerd::start(Guard {
+        under: Some(workspace().join("target/nri-bench")),
+        metrics: true,
+        ..Guard::default()
+    });
+    c.use_live_topology();
+    println!(
+        "\n== {pods} pods on runc, {parallel} at a time over CRI, NRI on ({} CPUs, load average {})",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
+    );
+    let mut clients: Vec<Cri> = (0..parallel).map(|_| c.cri()).collect();
+    // Warm-up: one pod (images, page cache), removed.
+    let (warm, _) = start_pods(&mut clients[..1], "runc", "warm", 1);
+    remove_all(&mut clients[..1], &warm);
+
+    let (ids, without) = start_pods(&mut clients, "runc", "plain", pods);
+    remove_all(&mut clients, &ids);
+
+    let plugin = Plugin::start(&c, false);
+    // What the plugin holds connected, before any pod (the topology loaded at its start).
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = plugin.memory();
+    let (ids, with) = start_pods(&mut clients, "runc", "nri", pods);
+    // Every pod checked: its state written (the sandbox's baseline, for `kata-topo status`).
+    let checked = || {
+        ids.iter()
+            .filter(|id| {
+                c.state_dir
+                    .join("k8s.io")
+                    .join(id)
+                    .join("sandbox.json")
+                    .exists()
+            })
+            .count()
+    };
+    let all_checked = eventually(Duration::from_secs(60), || checked() == ids.len());
+    std::thread::sleep(Duration::from_secs(2));
+    let full = plugin.memory();
+    let checked_n = checked();
+    let skipped = c
+        .log_lines()
+        .iter()
+        .filter(|l| l["event"] == "nri-pod-skipped")
+        .count();
+    remove_all(&mut clients, &ids);
+    std::thread::sleep(Duration::from_secs(2));
+    let after = plugin.memory();
+    drop(plugin);
+
+    println!("\n(1) start: RunPodSandbox + CreateContainer + StartContainer per pod");
+    pods::print_header();
+    pods::print_row("runc, no plugin", &without, &without);
+    let (med, p95, _) = pods::print_row("runc, kata-topo-nri", &with, &without);
+    println!(
+        "    pods checked (their state written): {} of {}{}; skipped: {skipped}",
+        checked_n,
+        ids.len(),
+        if all_checked { "" } else { " (NOT all)" }
+    );
+    println!("\n(2) the plugin's memory");
+    for (when, (pss, rss, threads)) in [
+        ("connected, no pod", idle),
+        ("with every pod", full),
+        ("every pod removed", after),
+    ] {
+        println!(
+            "    {when:<20} PSS {:>6.2} MiB, RSS {:>6.2} MiB, {threads} threads",
+            mib(pss),
+            mib(rss)
+        );
+    }
+    println!(
+        "    per pod: PSS {:.1} KiB, RSS {:.1} KiB",
+        full.0.saturating_sub(idle.0) as f64 / pods as f64,
+        full.1.saturating_sub(idle.1) as f64 / pods as f64
+    );
+    let mark = |met: bool| if met { "met" } else { "NOT met" };
+    println!(
+        "\ntargets (figures, not tests) — load average {} at the end",
+        loadavg()
+    );
+    println!(
+        "    plugin PSS with {pods} pods {:.2} MiB (<= 5 MiB: {})",
+        mib(full.0),
+        mark(mib(full.0) <= 5.0)
+    );
+    println!(
+        "    start ratio median {med:.3}, p95 {p95:.3} (<= 1.02: {}, {})",
+        mark(med <= 1.02),
+        mark(p95 <= 1.02)
+    );
 }
