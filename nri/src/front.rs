@@ -1,5 +1,7 @@
 //! The NRI front end's pods: one [`PodChecks`] per pod it checks — the wrapper's own per-pod
-//! checks, state and outputs — made as the pod is first seen, dropped when it is removed.
+//! checks, state and outputs — made as the pod is first seen, dropped when it is removed, all
+//! on one [`NodeChecks`]: one topology (and one refresher thread), one state writer thread,
+//! one API server client and one Events writer for the node, however many pods it checks.
 //! Which pods: those of `nri_runtime_handlers` (all when empty), except a pod the wrapper
 //! serves (its state names a running wrapper daemon): that pod is checked once, by the
 //! wrapper, which also sees the VM.
@@ -10,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use kata_topo_core::config::Resolved;
 use kata_topo_core::input::kata::KataConfig;
 use kata_topo_proto::nri::pkg::api::v1alpha1 as nri;
-use kata_topo_shim::checks::{served_by_wrapper, PodChecks, Sinks};
+use kata_topo_shim::checks::{served_by_wrapper, NodeChecks, PodChecks, Sinks};
 use slog::Logger;
 
 use crate::translate::{container_spec, resources_json, sandbox_spec};
@@ -29,18 +31,17 @@ enum Watch {
 /// Every pod's checks.
 #[derive(Debug)]
 pub struct Front {
-    resolved: Resolved,
-    kata: KataConfig,
+    node: NodeChecks,
     sinks: Sinks,
     pods: Mutex<HashMap<String, Watch>>,
 }
 
 impl Front {
-    /// The front end with the node's configuration.
+    /// The front end with the node's configuration; the topology is loaded before this
+    /// returns.
     pub fn new(resolved: Resolved, kata: KataConfig, sinks: Sinks) -> Arc<Self> {
         Arc::new(Self {
-            resolved,
-            kata,
+            node: NodeChecks::new(resolved, kata, &sinks),
             sinks,
             pods: Mutex::new(HashMap::new()),
         })
@@ -60,7 +61,7 @@ impl Front {
                 Watch::Skipped => None,
             });
         }
-        let config = &self.resolved.config;
+        let config = self.node.config();
         let handlers = &config.nri_runtime_handlers;
         let skip = if !handlers.is_empty() && !handlers.contains(&pod.runtime_handler) {
             Some("its runtime handler is not in nri_runtime_handlers")
@@ -76,13 +77,7 @@ impl Front {
             self.lock().insert(pod.id.clone(), Watch::Skipped);
             return Ok(None);
         }
-        let checks = PodChecks::new(
-            self.resolved.clone(),
-            self.kata.clone(),
-            NAMESPACE,
-            &pod.id,
-            &self.sinks,
-        );
+        let checks = PodChecks::new(&self.node, NAMESPACE, &pod.id);
         // Two requests of a new pod at once: the first one in keeps its checks.
         let checks = match self
             .lock()

@@ -3,6 +3,10 @@
 //! Kubernetes Events, its kubelet and API server readers, its baselines — driven by requests
 //! that carry the container's spec instead of a bundle. Nothing here decides: the core's
 //! phases do, through [`Pod`].
+//!
+//! Such a front end serves every pod of the node from one process: its pods share one
+//! [`NodeChecks`] — one topology and its refresher thread, one state writer thread, one API
+//! server client and one Kubernetes Events writer — where each wrapper daemon has its own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use kata_topo_core::{ContainerSpec, Resources};
 use kata_topo_sinks::{Drops, Events, Metrics};
 use slog::Logger;
 
-use crate::pod::{Outcome, Outputs, Pod};
+use crate::pod::{Node, Outcome, Outputs, Pod};
 
 /// What a front end hands every pod: where its verdicts go.
 #[derive(Debug, Clone)]
@@ -50,19 +54,49 @@ fn key(container_id: &str) -> PathBuf {
     Path::new("nri").join(container_id)
 }
 
+/// What every pod of the node shares, and the configuration each is made with.
+#[derive(Debug, Clone)]
+pub struct NodeChecks {
+    node: Arc<Node>,
+    resolved: Resolved,
+    kata: KataConfig,
+    sinks: Sinks,
+}
+
+impl NodeChecks {
+    /// The node's shared parts, with the topology loaded before this returns and then
+    /// refreshed every `topology_refresh_seconds` by one thread, for as long as a clone of
+    /// this lives.
+    pub fn new(resolved: Resolved, kata: KataConfig, sinks: &Sinks) -> Self {
+        let node = Node::new(&resolved.config, sinks.log.clone(), sinks.drops.clone());
+        node.refresh();
+        node.spawn_refresher();
+        Self {
+            node,
+            resolved,
+            kata,
+            sinks: sinks.clone(),
+        }
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &Config {
+        &self.resolved.config
+    }
+
+    /// How many pods' checks live on it now.
+    pub fn pods(&self) -> usize {
+        self.node.pods()
+    }
+}
+
 impl PodChecks {
-    /// The checks of pod `sandbox_id` in containerd namespace `namespace`, with its state
-    /// under `state_dir` as the wrapper keeps it; the topology is loaded before this returns, and
-    /// refreshed as the wrapper's daemon refreshes it
-    /// (a front end that serves many pods makes one per pod as it learns of it).
-    pub fn new(
-        resolved: Resolved,
-        kata: KataConfig,
-        namespace: &str,
-        sandbox_id: &str,
-        sinks: &Sinks,
-    ) -> Self {
-        let metrics = match &resolved.config.metrics_dir {
+    /// The checks of pod `sandbox_id` in containerd namespace `namespace` on `node`'s shared
+    /// parts, with its state under `state_dir` as the wrapper keeps it, its own metrics
+    /// textfile (a front end that serves many pods makes one per pod as it learns of it).
+    pub fn new(node: &NodeChecks, namespace: &str, sandbox_id: &str) -> Self {
+        let sinks = &node.sinks;
+        let metrics = match &node.resolved.config.metrics_dir {
             Some(dir) => Metrics::textfile(dir, namespace, sandbox_id, sinks.drops.clone()),
             None => Metrics::off(),
         };
@@ -72,11 +106,14 @@ impl PodChecks {
             metrics,
             drops: sinks.drops.clone(),
         };
-        let pod = Pod::new(resolved, kata, namespace, sandbox_id, outputs);
-        // Loaded now, so that the pod's first check has it; then every
-        // `topology_refresh_seconds` off the request path, as in the wrapper's daemon.
-        pod.refresh();
-        pod.spawn_refresher();
+        let pod = Pod::on_node(
+            &node.node,
+            node.resolved.clone(),
+            node.kata.clone(),
+            namespace,
+            sandbox_id,
+            outputs,
+        );
         Self { pod }
     }
 

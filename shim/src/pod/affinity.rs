@@ -46,10 +46,10 @@ impl NodeAffinity {
     /// The check against the API server of `setup` (as `config`, the node's
     /// `[topology_guard]`, sets it up), starting from the baseline a previous daemon of the pod
     /// kept.
-    pub(crate) fn new(setup: Setup, config: &Config, kept: Option<LabelBaseline>) -> Self {
+    pub(crate) fn new(setup: Arc<Setup>, config: &Config, kept: Option<LabelBaseline>) -> Self {
         Self {
             config: config.clone(),
-            setup: Mutex::new(Arc::new(setup)),
+            setup: Mutex::new(setup),
             kept: Mutex::new(kept),
         }
     }

@@ -76,7 +76,8 @@ impl CurrentHost {
     /// Loads the topology — or, through the cache, finds that the machine's key has not
     /// changed and keeps it; keeps the previous one when a load fails. Returns whether a
     /// topology is in place and current.
-    pub(crate) fn refresh(&self, log: &Logger, metrics: &Metrics, group: &str) -> bool {
+    /// `group` names the pod whose daemon loads it, in the log (none: the node's, shared).
+    pub(crate) fn refresh(&self, log: &Logger, metrics: &Metrics, group: Option<&str>) -> bool {
         let known = self
             .slot
             .read()
@@ -241,7 +242,7 @@ mod tests {
             let logger = log.logger().clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(100));
-                cache.refresh(&logger, &Metrics::off(), "sb1")
+                cache.refresh(&logger, &Metrics::off(), Some("sb1"))
             })
         };
         let (host, stale) = cache.current_within(Duration::from_secs(3600));
@@ -272,7 +273,7 @@ mod tests {
         assert!(host.is_none());
         assert_eq!(stale.as_deref(), Some("the host topology is still loading"));
 
-        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        assert!(cache.refresh(log.logger(), &Metrics::off(), Some("sb1")));
         let (first, stale) = cache.current();
         let first = first.expect("loaded");
         assert_eq!(stale, None);
@@ -284,7 +285,7 @@ mod tests {
             "{origin}"
         );
 
-        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        assert!(cache.refresh(log.logger(), &Metrics::off(), Some("sb1")));
         let same = cache.current().0.expect("loaded");
         assert!(
             Arc::ptr_eq(&first, &same),
@@ -293,7 +294,7 @@ mod tests {
         assert_eq!(lines(&log, &log_path).len(), 1);
 
         key_inputs(&root, "2f5a1c9b-0000-4000-8000-000000000000");
-        assert!(cache.refresh(log.logger(), &Metrics::off(), "sb1"));
+        assert!(cache.refresh(log.logger(), &Metrics::off(), Some("sb1")));
         let after = cache.current().0.expect("loaded");
         assert!(!Arc::ptr_eq(&first, &after), "a changed key loads again");
         let loaded = lines(&log, &log_path);
@@ -305,7 +306,7 @@ mod tests {
             TopologySource::Live,
             Some(TopologyCache::new(&state, &root)),
         );
-        assert!(other.refresh(log.logger(), &Metrics::off(), "sb2"));
+        assert!(other.refresh(log.logger(), &Metrics::off(), Some("sb2")));
         let loaded = lines(&log, &log_path);
         let origin = loaded[2]["origin"].as_str().expect("origin");
         assert!(origin.starts_with("cached in"), "{origin}");

@@ -23,7 +23,7 @@ mod store;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use kata_topo_core::check::{could_not_run, Phase, Request, Running, Unread, Update};
@@ -42,6 +42,7 @@ use slog::Logger;
 use crate::error::ShimError;
 use affinity::NodeAffinity;
 use announce::Announcer;
+use kata_topo_apiserver::Setup;
 use kata_topo_core::input::affinity::NodeView;
 use pod_resources::KubeletIntents;
 use retries::{Reads, Retries, RETRY_WINDOW};
@@ -116,6 +117,111 @@ pub(crate) struct Outputs {
     pub(crate) drops: Arc<Drops>,
 }
 
+/// What a pod's checks are made of that a front end serving many pods shares between them.
+struct Parts {
+    host: Arc<CurrentHost>,
+    persist: Persist,
+    api: Arc<Setup>,
+    pod_events: (PodEvents, String),
+}
+
+/// The parts every pod of one node shares in a front end that serves them all (the NRI
+/// plugin): one topology and its refresher thread, one state writer thread, one API server
+/// client and one Kubernetes Events writer. The wrapper's daemon, one pod per process, has
+/// them all to itself instead ([`Pod::new`]).
+#[derive(Debug)]
+pub(crate) struct Node {
+    host: Arc<CurrentHost>,
+    persist: Persist,
+    api: Arc<Setup>,
+    pod_events: (PodEvents, String),
+    log: Logger,
+    /// How often the topology is refreshed (`topology_refresh_seconds`; 0: loaded once).
+    period: u64,
+    /// The pods made on it, told of each refresh (their metrics count it; a baseline
+    /// waiting for the first load is recorded).
+    pods: Mutex<Vec<Weak<Pod>>>,
+}
+
+impl Node {
+    /// The node's shared parts, as `config` sets them up; nothing loaded yet.
+    pub(crate) fn new(config: &Config, log: Logger, drops: Arc<Drops>) -> Arc<Self> {
+        let on_error = log.clone();
+        let persist = Persist::start(drops.clone(), move |key, e| {
+            slog::warn!(on_error, "cannot write state"; "event" => "state-failed", "file" => key,
+                "error" => e.to_string());
+        });
+        let api = Arc::new(kata_topo_apiserver::setup(config));
+        let pod_events = (
+            PodEvents::start(&api, config, log.clone(), drops),
+            PodEvents::describe(&api),
+        );
+        Arc::new(Self {
+            host: Arc::new(CurrentHost::new(
+                config.topology_source(),
+                kata_topo_core::host::cache::TopologyCache::from_config(config),
+            )),
+            persist,
+            api,
+            pod_events,
+            log,
+            period: config.topology_refresh_seconds,
+            pods: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn join(&self, pod: &Arc<Pod>) {
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        pods.retain(|p| p.strong_count() > 0);
+        pods.push(Arc::downgrade(pod));
+    }
+
+    /// Loads the topology now (or finds the machine unchanged) and tells every pod.
+    pub(crate) fn refresh(&self) {
+        let ok = self.host.refresh(&self.log, &Metrics::off(), None);
+        let pods: Vec<Arc<Pod>> = {
+            let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+            pods.retain(|p| p.strong_count() > 0);
+            pods.iter().filter_map(Weak::upgrade).collect()
+        };
+        for pod in pods {
+            pod.sinks.metrics.refreshed(ok);
+            if ok {
+                pod.record_pending_baselines();
+            }
+        }
+    }
+
+    /// Spawns the one thread that refreshes the topology every `topology_refresh_seconds`,
+    /// for as long as the node lives (the first load is the caller's, [`Node::refresh`]).
+    pub(crate) fn spawn_refresher(self: &Arc<Self>) {
+        let period = self.period;
+        if period == 0 {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("topology-refresh".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(period));
+                match weak.upgrade() {
+                    Some(node) => node.refresh(),
+                    None => return,
+                }
+            });
+    }
+
+    /// How many pods it serves now.
+    pub(crate) fn pods(&self) -> usize {
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| p.strong_count() > 0)
+            .count()
+    }
+}
+
 /// The checks of one pod's wrapper daemon.
 #[derive(Debug)]
 pub(crate) struct Pod {
@@ -125,7 +231,8 @@ pub(crate) struct Pod {
     kata: KataConfig,
     namespace: String,
     group: String,
-    host: CurrentHost,
+    /// The topology: the pod's own (the wrapper's daemon), or its node's (the NRI plugin's).
+    host: Arc<CurrentHost>,
     sysfs: Sysfs,
     store: PodStore,
     specs: SpecCache,
@@ -162,41 +269,107 @@ impl Pod {
             file,
             source,
         } = resolved;
-        let files = match GroupState::open(&config.state_dir, namespace, group) {
-            Ok(files) => Some(files),
-            // Someone else could have written it: nothing there is read, nothing written.
-            Err(e) if kata_topo_core::files::is_untrusted(&e) => {
-                slog::error!(sinks.log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
-                    "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
-                None
-            }
-            Err(e) => {
-                slog::warn!(sinks.log, "cannot create the pod's state directory; checks run from memory";
-                    "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
-                Some(GroupState::at(&config.state_dir, namespace, group))
-            }
-        };
+        let files = Self::open_files(&config, namespace, group, &sinks.log);
         let log = sinks.log.clone();
         let persist = Persist::start(sinks.drops.clone(), move |key, e| {
             slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
                 "error" => e.to_string());
         });
-        let store = PodStore::open(files, persist);
         // One API server set-up for the affinity check and the pod's Events.
-        let api = kata_topo_apiserver::setup(&config);
+        let api = Arc::new(kata_topo_apiserver::setup(&config));
         let pod_events = (
             PodEvents::start(&api, &config, sinks.log.clone(), sinks.drops.clone()),
             PodEvents::describe(&api),
         );
-        let checks = Arc::new(Self {
-            origin: (file, source),
-            host: CurrentHost::new(
-                config.topology_source(),
-                kata_topo_core::host::cache::TopologyCache::from_config(&config),
-            ),
-            sysfs: Sysfs::new(&config.sysfs_root),
-            affinity: NodeAffinity::new(api, &config, store.label_baseline()),
+        let host = Arc::new(CurrentHost::new(
+            config.topology_source(),
+            kata_topo_core::host::cache::TopologyCache::from_config(&config),
+        ));
+        let parts = Parts {
+            host,
+            persist,
+            api,
             pod_events,
+        };
+        let checks = Self::with_parts(
+            config,
+            (file, source),
+            kata,
+            namespace,
+            group,
+            files,
+            sinks,
+            parts,
+        );
+        Observer::start(
+            Arc::downgrade(&checks),
+            |c: &Pod| &c.observer,
+            |c: &Pod, task, pid| c.observe(task, pid),
+        );
+        checks
+    }
+
+    /// The checks of pod `group` on `node`'s shared parts (a front end serving many pods):
+    /// its topology is the node's, refreshed by the node; its state written by the node's
+    /// writer; its API server reads and Events the node's. No VM view: no timer thread.
+    pub(crate) fn on_node(
+        node: &Arc<Node>,
+        resolved: Resolved,
+        kata: KataConfig,
+        namespace: &str,
+        group: &str,
+        sinks: Outputs,
+    ) -> Arc<Self> {
+        let Resolved {
+            config,
+            file,
+            source,
+        } = resolved;
+        let files = Self::open_files(&config, namespace, group, &sinks.log);
+        let log = sinks.log.clone();
+        let sandbox = group.to_string();
+        let persist = node.persist.another(move |key, e| {
+            slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
+                "sandbox_id" => &sandbox, "error" => e.to_string());
+        });
+        let parts = Parts {
+            host: Arc::clone(&node.host),
+            persist,
+            api: Arc::clone(&node.api),
+            pod_events: node.pod_events.clone(),
+        };
+        let pod = Self::with_parts(
+            config,
+            (file, source),
+            kata,
+            namespace,
+            group,
+            files,
+            sinks,
+            parts,
+        );
+        node.join(&pod);
+        pod
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with_parts(
+        config: Config,
+        origin: (Option<PathBuf>, ConfigSource),
+        kata: KataConfig,
+        namespace: &str,
+        group: &str,
+        files: Option<GroupState>,
+        sinks: Outputs,
+        parts: Parts,
+    ) -> Arc<Self> {
+        let store = PodStore::open(files, parts.persist);
+        Arc::new(Self {
+            origin,
+            host: parts.host,
+            sysfs: Sysfs::new(&config.sysfs_root),
+            affinity: NodeAffinity::new(parts.api, &config, store.label_baseline()),
+            pod_events: parts.pod_events,
             store,
             namespace: namespace.to_string(),
             group: group.to_string(),
@@ -210,20 +383,38 @@ impl Pod {
             config,
             kata,
             delegate_pid: std::sync::OnceLock::new(),
-        });
-        Observer::start(
-            Arc::downgrade(&checks),
-            |c: &Pod| &c.observer,
-            |c: &Pod, task, pid| c.observe(task, pid),
-        );
-        checks
+        })
+    }
+
+    /// The pod's state directory, created when it can be; when it cannot (a full or
+    /// read-only disk), the pod runs from memory and says so.
+    fn open_files(
+        config: &Config,
+        namespace: &str,
+        group: &str,
+        log: &Logger,
+    ) -> Option<GroupState> {
+        match GroupState::open(&config.state_dir, namespace, group) {
+            Ok(files) => Some(files),
+            // Someone else could have written it: nothing there is read, nothing written.
+            Err(e) if kata_topo_core::files::is_untrusted(&e) => {
+                slog::error!(log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
+                    "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
+                None
+            }
+            Err(e) => {
+                slog::warn!(log, "cannot create the pod's state directory; checks run from memory";
+                    "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
+                Some(GroupState::at(&config.state_dir, namespace, group))
+            }
+        }
     }
 
     /// Loads the topology now (tests; the daemon uses [`Pod::spawn_refresher`]).
     pub(crate) fn refresh(&self) {
         if self
             .host
-            .refresh(&self.sinks.log, &self.sinks.metrics, &self.group)
+            .refresh(&self.sinks.log, &self.sinks.metrics, Some(&self.group))
         {
             self.record_pending_baselines();
         }
@@ -810,6 +1001,82 @@ mod tests {
     use kata_topo_proto::wire::Code;
 
     const CROSS: &str = r#"{"cpu":{"cpus":"0","quota":100000,"period":100000}}"#;
+
+    /// The pods of one node (the NRI plugin's) share its topology and its state writer; each
+    /// keeps its own state, removed on its own; the node forgets a pod once it is dropped.
+    #[test]
+    fn pods_on_one_node_share_its_topology_and_keep_their_own_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = Config::parse(
+            &format!(
+                "[topology_guard]\ntopology_xml = \"{}\"\nstate_dir = \"{}\"\nlog_file = \"{}\"\nkubeconfig = \"\"\nintent_source = \"annotations\"\n",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../scenario/two-node-host.xml"),
+                dir.path().join("state").display(),
+                dir.path().join("kt.log").display(),
+            ),
+            Path::new("test.toml"),
+        )
+        .expect("config");
+        let drops = Drops::new();
+        let log = kata_topo_sinks::Log::with_journal(&config.log_file, false, None, drops.clone());
+        let node = Node::new(&config, log.logger().clone(), drops.clone());
+        node.refresh();
+        let on_node = |group: &str| {
+            let outputs = Outputs {
+                log: log.logger().clone(),
+                events: Events::off(),
+                metrics: Metrics::off(),
+                drops: drops.clone(),
+            };
+            let resolved = Resolved {
+                config: config.clone(),
+                file: None,
+                source: ConfigSource::Defaults,
+            };
+            Pod::on_node(
+                &node,
+                resolved,
+                KataConfig::default(),
+                "k8s.io",
+                group,
+                outputs,
+            )
+        };
+        let (a, b) = (on_node("sb-a"), on_node("sb-b"));
+        assert!(Arc::ptr_eq(&a.host, &node.host) && Arc::ptr_eq(&b.host, &node.host));
+        assert!(a.host.current().0.is_some(), "the node loaded it for both");
+        assert_eq!(node.pods(), 2);
+        let record = TaskRecord {
+            bundle: PathBuf::from("nri/c1"),
+            container_name: Some("app".into()),
+            sandbox: false,
+            resources: None,
+            pid: None,
+        };
+        for p in [&a, &b] {
+            p.store.save_task("c1", record.clone());
+        }
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        assert!(a.flush_state(deadline()) && b.flush_state(deadline()));
+        let (a_dir, b_dir) = (a.state_dir(), b.state_dir());
+        assert_ne!(a_dir, b_dir);
+        assert!(kata_topo_core::state::read_pod(&a_dir)
+            .expect("a's state")
+            .is_some_and(|p| p.tasks.iter().any(|(id, _)| id == "c1")));
+        a.forget(deadline());
+        assert!(!a_dir.exists(), "a's state removed");
+        b.store.save_task("c2", record);
+        assert!(b.flush_state(deadline()));
+        let kept = kata_topo_core::state::read_pod(&b_dir)
+            .expect("b's state")
+            .expect("b's pod");
+        assert_eq!(kept.tasks.len(), 2, "b's state still written");
+        drop(a);
+        assert_eq!(node.pods(), 1);
+        // A refresh reaches the pods still there, and only those.
+        node.refresh();
+        assert!(b.host.current().0.is_some());
+    }
 
     #[test]
     fn repeated_identical_findings_are_announced_once() {
