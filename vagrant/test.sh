@@ -43,7 +43,7 @@ new_log() { tail -n "+$((findings_since + 1))" "${KT_LOG}" 2>/dev/null || true; 
 
 expect_finding() { # RULE [DECISION]
   local rule=$1 decision=${2:-}
-  if new_log | grep -F "\"rule\":\"${rule}\"" | grep -qF "\"decision\":\"${decision}"; then
+  if new_log | grep -F "\"rule\":\"${rule}\"" | grep -F "\"decision\":\"${decision}" > /dev/null; then
     ok "log: ${rule} ${decision}"
   else
     fail "no ${rule} ${decision} finding in ${KT_LOG}"
@@ -51,14 +51,14 @@ expect_finding() { # RULE [DECISION]
 }
 
 expect_no_finding() {
-  if new_log | grep -qF '"event":"finding"'; then
+  if new_log | grep -F '"event":"finding"' > /dev/null; then
     fail "unexpected finding: $(new_log | grep -F '"event":"finding"' | head -n 1)"
   fi
   ok "log: no finding"
 }
 
 expect_operation() { # OPERATION
-  if new_log | grep -qF "\"operation\":\"$1\""; then ok "log: a $1 was checked"; else fail "no $1 verdict in ${KT_LOG}"; fi
+  if new_log | grep -F "\"operation\":\"$1\"" > /dev/null; then ok "log: a $1 was checked"; else fail "no $1 verdict in ${KT_LOG}"; fi
 }
 
 # kata-topo events reads the event service on every containerd version (containerd 2.3's

@@ -397,7 +397,9 @@ pod_field_is() { [ "$(k get pod "$1" -o jsonpath="$2")" = "$3" ]; }
 pod_field_is_at_least() { local v; v=$(k get pod "$1" -o jsonpath="$2"); [ "${v:-0}" -ge "$3" ]; }
 pod_field_has() { k get pod "$1" -o jsonpath="$2" | grep -q -- "$3"; }
 node_field_is() { [ "$(k get node "${node}" -o jsonpath="$1")" = "$2" ]; }
-logged_since() { tail -n "+$(($1 + 1))" "${log}" | grep -qF -- "$2"; }
+# (grep without -q: under pipefail, a grep that stops at its first match leaves tail writing
+# into a closed pipe, and tail's SIGPIPE fails the pipeline once the log is long.)
+logged_since() { tail -n "+$(($1 + 1))" "${log}" | grep -F -- "$2" > /dev/null; }
 
 
 # --- steps ----------------------------------------------------------------------------------
@@ -612,7 +614,7 @@ wrappers() {
 # The restarted kubelet serves again: the device plugin registered with it anew (its
 # PodResources API lists the VFIO device as allocatable).
 kubelet_serves_again() {
-  "${k8s}/podresources" --allocatable 2> /dev/null | grep -q '"resourceName": *"kata-topo.io/vfio"'
+  "${k8s}/podresources" --allocatable 2> /dev/null | grep '"resourceName": *"kata-topo.io/vfio"' > /dev/null
 }
 
 step_kubelet_containerd_restart() {

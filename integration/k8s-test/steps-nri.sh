@@ -14,7 +14,8 @@ nri_pid=""
 nri_pod=""
 nri_mark=0
 
-nri_logged() { tail -n "+$((nri_mark + 1))" "${log}" 2> /dev/null | grep -qF -- "$1"; }
+# grep without -q: see logged_since (guest.sh).
+nri_logged() { tail -n "+$((nri_mark + 1))" "${log}" 2> /dev/null | grep -F -- "$1" > /dev/null; }
 
 step_nri_plugin() {
   if [ -z "${containerd_bin}" ]; then
