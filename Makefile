@@ -51,7 +51,7 @@ KATA_CONFIG_DIR ?= /opt/kata/share/defaults/kata-containers
 BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-device-plugin kata-topo-nri
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
-.PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record k8s-up k8s-down \
+.PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record k8s-up k8s-down k8s-run \
 	kata kata-test \
 	installer-image \
 	promtool bench soak fuzz \
@@ -84,6 +84,7 @@ help:
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test [STEPS=story,...] - a real two-node cluster: every update from the kubelet (in make test)"
 	@echo "make k8s-up / make k8s-down - the k8s-test cluster kept up for kubectl (the kubeconfig's path printed)"
+	@echo "make k8s-run STEPS=story,... - k8s-test's stories run on the cluster of make k8s-up"
 	@echo "make k8s-record - the real kubelet's PodResources answers under every Topology Manager policy and scope, kept as test fixtures"
 	@echo "make kata-test - real Kata (shim and agent) behind the wrapper, through Kata's remote hypervisor, in the vm-test guest (in make test)"
 	@echo "make vagrant-test - the end-to-end scenario on real Kata in a Vagrant VM"
@@ -260,6 +261,12 @@ k8s-up: deps build-all k8s $(if $(filter 2,$(K8S_UP_CONTAINERD)),containerd2)
 	echo "k8s-up: kubeconfig $(CURDIR)/$(K8S_UP)/control/admin.kubeconfig"; \
 	echo "  $$bins/kubectl --kubeconfig $(CURDIR)/$(K8S_UP)/control/admin.kubeconfig get nodes"; \
 	"$$bins/kubectl" --kubeconfig $(K8S_UP)/control/admin.kubeconfig get nodes -o wide
+
+# k8s-test's stories (STEPS=..., by story or step) run on the cluster make k8s-up keeps, each
+# with its own set-up and teardown, then cleanup (which deletes the default namespace's pods).
+# The nri story needs K8S_UP_CONTAINERD=2.
+k8s-run:
+	@bash integration/k8s-test/k8s-run.sh $(K8S_UP) '$(STEPS)'
 
 k8s-down:
 	@[ -f $(K8S_UP).pid ] || { echo "k8s-down: nothing is up"; exit 0; }; \

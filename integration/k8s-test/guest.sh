@@ -772,7 +772,7 @@ begin_story() {
   story_name=$1 story_failed="" story_t0=$(date +%s)
   say "story ${story_name}"
 }
-step_passed() { grep -F "\"name\":\"$1\"" "${results}/steps.jsonl" 2> /dev/null | tail -n 1 | grep -qF '"pass":true'; }
+step_passed() { grep -F "\"name\":\"$1\"" "${steps_out:-${results}/steps.jsonl}" 2> /dev/null | tail -n 1 | grep -qF '"pass":true'; }
 st() { # STEP FUNCTION
   local step=$1
   shift
@@ -787,19 +787,58 @@ st() { # STEP FUNCTION
 end_story() {
   local seconds=$(($(date +%s) - story_t0))
   jq -cn --arg s "${story_name}" --argjson t "${seconds}" --arg f "${story_failed}" \
-    '{story: $s, seconds: $t, failed: (if $f == "" then null else $f end)}' >> "${results}/stories.jsonl"
+    '{story: $s, seconds: $t, failed: (if $f == "" then null else $f end)}' >> "${stories_out:-${results}/stories.jsonl}"
   say "story ${story_name}: ${seconds} s${story_failed:+, ${story_failed} failed}"
 }
 
 # make k8s-up: the cluster kept as it is for a person with kubectl until make k8s-down asks
 # (k8s/release on the results share) or the guest's time runs out.
 step_hold() {
-  local t0
+  local t0 req
   t0=$(date +%s)
   : > "${results}/k8s/held"
-  say "held: both nodes up; make k8s-down ends it"
-  while [ ! -e "${results}/k8s/release" ]; do sleep 2; done
+  say "held: both nodes up; make k8s-down ends it, make k8s-run STEPS=... runs stories on it"
+  while [ ! -e "${results}/k8s/release" ]; do
+    for req in "${results}"/k8s/run-*.request; do
+      [ -e "${req}" ] && serve_run "${req}"
+    done
+    sleep 2
+  done
   record hold true "" "the cluster held for $(($(date +%s) - t0)) s, released by make k8s-down"
+}
+
+# make k8s-run: the stories a request file names (run-ID.request, written by the host) run on
+# the held cluster, with their steps and stories in run-ID/ and run-ID/done written last. The
+# node is up already: `node`, `node-b` and `hold` are not run again; `cleanup` ends every run
+# (it deletes the pods of the default namespace and checks nothing is left).
+serve_run() { # REQUEST
+  local req=$1 id selection held_steps=("${STEPS[@]}") held_wanted=${wanted_stories} s
+  local held_story=("${story_name}" "${story_failed}" "${story_t0}" "${step_t0}")
+  id=${req##*/run-}
+  id=${id%.request}
+  selection=$(cat "${req}")
+  rm -f "${req}"
+  local out=${results}/k8s/run-${id}
+  mkdir -p "${out}"
+  steps_out=${out}/steps.jsonl stories_out=${out}/stories.jsonl
+  : > "${steps_out}"
+  : > "${stories_out}"
+  say "k8s-run ${id}: ${selection}"
+  if choose_stories "${selection}" 2> "${out}/error"; then
+    wanted_stories=$(tr ' ' '\n' <<< "${wanted_stories}" | grep -vxE 'node|node-b|hold' | paste -sd ' ' -)
+    STEPS=()
+    for s in "${STORIES[@]}"; do
+      # shellcheck disable=SC2206 # the lists are words
+      wanted "${s}" && STEPS+=(${STORY_STEPS[${s}]})
+    done
+    relabel_mark=""
+    run_stories
+    fail_rest "the step ended without recording a result"
+  fi
+  steps_out="" stories_out=""
+  STEPS=("${held_steps[@]}") wanted_stories=${held_wanted}
+  story_name=${held_story[0]} story_failed=${held_story[1]} story_t0=${held_story[2]} step_t0=${held_story[3]}
+  : > "${out}/done"
 }
 
 installer_teardown() {
@@ -809,34 +848,8 @@ installer_teardown() {
 }
 
 # --- the run ----------------------------------------------------------------------------------
-main() {
-  choose_stories "$(cat "${results}/k8s/steps" 2> /dev/null || true)" || { STEPS=(node); fail_rest "setup: bad STEPS"; return 1; }
-  list_steps
-  # host-clean is the host's to record, after the guest.
-  local s guest_steps=()
-  for s in "${STEPS[@]}"; do [ "${s}" = host-clean ] || guest_steps+=("${s}"); done
-  STEPS=("${guest_steps[@]}")
-  say "stories: ${wanted_stories}"
-  say "kernel $(uname -r), $(nproc) CPUs, NUMA nodes $(cat /sys/devices/system/node/online)"
-  uname -r -v > "${results}/kernel.txt"
-  mkdir -p "${run}/bin" "${kubelet_root}"
-  # containerd from the workspace (the host's KT_K8S_CONTAINERD_BIN), else Debian's.
-  containerd_bin=$(cat "${results}/k8s/containerd-bin" 2> /dev/null || true)
-  if [ -n "${containerd_bin}" ]; then
-    containerd_bin=${ws}/${containerd_bin}
-    export PATH="${containerd_bin}:${PATH}"
-  fi
-  if ! setup_mounts; then fail_rest "setup: mounting cgroup2, devpts, shm failed"; return 1; fi
-  if ! setup_network; then fail_rest "setup: ${setup_error}"; return 1; fi
-  if ! setup_vfio; then fail_rest "setup: ${setup_error}"; return 1; fi
-  "${bin}/kata-topo" topology --json > "${results}/topology.json" 2> /dev/null || true
-  if ! setup_containerd; then fail_rest "setup: ${setup_error}"; return 1; fi
-  if ! setup_kubelet; then fail_rest "setup: ${setup_error}"; return 1; fi
-  if ! setup_device_plugin; then fail_rest "setup: ${setup_error}"; return 1; fi
-  begin_story node
-  st node step_node
-  st pod-network step_pod_network
-  end_story
+# The stories chosen, in their order, then cleanup (the node's own story runs before them).
+run_stories() {
   if wanted core; then
     begin_story core
     st guaranteed-admission core_admission
@@ -903,6 +916,37 @@ main() {
   begin_story cleanup
   st cleanup step_cleanup
   end_story
+}
+
+main() {
+  choose_stories "$(cat "${results}/k8s/steps" 2> /dev/null || true)" || { STEPS=(node); fail_rest "setup: bad STEPS"; return 1; }
+  list_steps
+  # host-clean is the host's to record, after the guest.
+  local s guest_steps=()
+  for s in "${STEPS[@]}"; do [ "${s}" = host-clean ] || guest_steps+=("${s}"); done
+  STEPS=("${guest_steps[@]}")
+  say "stories: ${wanted_stories}"
+  say "kernel $(uname -r), $(nproc) CPUs, NUMA nodes $(cat /sys/devices/system/node/online)"
+  uname -r -v > "${results}/kernel.txt"
+  mkdir -p "${run}/bin" "${kubelet_root}"
+  # containerd from the workspace (the host's KT_K8S_CONTAINERD_BIN), else Debian's.
+  containerd_bin=$(cat "${results}/k8s/containerd-bin" 2> /dev/null || true)
+  if [ -n "${containerd_bin}" ]; then
+    containerd_bin=${ws}/${containerd_bin}
+    export PATH="${containerd_bin}:${PATH}"
+  fi
+  if ! setup_mounts; then fail_rest "setup: mounting cgroup2, devpts, shm failed"; return 1; fi
+  if ! setup_network; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_vfio; then fail_rest "setup: ${setup_error}"; return 1; fi
+  "${bin}/kata-topo" topology --json > "${results}/topology.json" 2> /dev/null || true
+  if ! setup_containerd; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_kubelet; then fail_rest "setup: ${setup_error}"; return 1; fi
+  if ! setup_device_plugin; then fail_rest "setup: ${setup_error}"; return 1; fi
+  begin_story node
+  st node step_node
+  st pod-network step_pod_network
+  end_story
+  run_stories
   node_json
   fail_rest "the step ended without recording a result"
   for p in "${nri_pid}" "${plugin_pid}" "${kubelet_pid}" "${containerd_pid}"; do

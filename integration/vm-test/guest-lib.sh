@@ -38,7 +38,8 @@ fi
 
 # --- results ----------------------------------------------------------------------------------
 # A step's seconds count from step_t0 when its runner set it (k8s-test's stories), else from
-# the previous record.
+# the previous record. Steps go to steps.jsonl, or to steps_out when a caller sets it (a
+# k8s-test run on a held cluster keeps each run's steps apart).
 record_t=$(date +%s)
 step_t0=""
 record() { # NAME PASS(true|false) RULES DETAIL
@@ -48,7 +49,7 @@ record() { # NAME PASS(true|false) RULES DETAIL
   record_t=${now} step_t0=""
   jq -cn --arg name "$1" --argjson pass "$2" --arg rules "$3" --arg detail "$4" --argjson seconds "${seconds}" \
     '{name: $name, pass: $pass, rules: ($rules | split(" ") | map(select(. != ""))), seconds: $seconds, detail: $detail}' \
-    >> "${results}/steps.jsonl"
+    >> "${steps_out:-${results}/steps.jsonl}"
   say "$([ "$2" = true ] && echo pass || echo FAIL) $1 [$3] ${seconds} s"
 }
 
@@ -56,7 +57,7 @@ record() { # NAME PASS(true|false) RULES DETAIL
 fail_rest() { # REASON
   local name
   for name in "${STEPS[@]}"; do
-    if ! grep -qF "\"name\":\"${name}\"" "${results}/steps.jsonl" 2> /dev/null; then
+    if ! grep -qF "\"name\":\"${name}\"" "${steps_out:-${results}/steps.jsonl}" 2> /dev/null; then
       record "${name}" false "" "$1"
     fi
   done
