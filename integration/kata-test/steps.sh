@@ -652,7 +652,11 @@ step_stop_and_remove() {
   answered=$(kata_log_count "${kmark}" 'msg="Shutdown() end"')
   [ "${still}" = "${kata_pid}" ] || ok=false
   cri remove-pod "${pod}" 2> "${run}/err" || ok=false
-  left=$(wait_left "${pod}" 30)
+  # Kata's sandbox delete can race its own agent monitor: a client made after StopVM dials the
+  # agent's socket, gone with the VM, for the agent's dial timeout (30 s) before Kata exits —
+  # seen with the cores loaded, twice in a row. Kata's own time, not kata-topo's: waited for,
+  # and counted in the detail.
+  left=$(wait_left "${pod}" 90)
   stopped=$(jq -c --arg p "${pod}" 'select(.event == "stop-vm" and .sandbox_id == $p)' "${hv_log}" | head -n 1)
   ended=$(jq -r '.guest // "none"' <<< "${stopped:-null}")
   guest_rc=$(cat "${results}/finished" 2> /dev/null || echo none)
@@ -664,7 +668,9 @@ step_stop_and_remove() {
   timed_out=$(clog_count "${clog}" "failed to shutdown shim task")
   cleanups=$(clog_count "${clog}" "failed to clean up after shim disconnected")
   missing=$(clog_count "${clog}" "Missing kernel path")
-  detail="the containers removed: Kata answered ${answered} Shutdown(s) and the Kata shim ${still:-gone} still served the pod; the pod removed: StopVM -> the guest ${ended} (its scenario exit ${guest_rc}); the sandbox's Shutdown started ${sb_start}, answered ${sb_end}, containerd: 'failed to shutdown shim task' ${timed_out}; containerd's clean-up after a disconnected shim failed ${cleanups} time(s) (Kata's delete: 'Missing kernel path' ${missing}); left: $(paste -sd ';' <<< "${left}" | cut -c 1-500)"
+  local dials
+  dials=$(clog_count "${clog}" "failed to dial remote sock")
+  detail="the containers removed: Kata answered ${answered} Shutdown(s) and the Kata shim ${still:-gone} still served the pod; the pod removed: StopVM -> the guest ${ended} (its scenario exit ${guest_rc}); the sandbox's Shutdown started ${sb_start}, answered ${sb_end}, containerd: 'failed to shutdown shim task' ${timed_out}; containerd's clean-up after a disconnected shim failed ${cleanups} time(s) (Kata's delete: 'Missing kernel path' ${missing}); Kata's failed dials of the agent after StopVM: ${dials}; left: $(paste -sd ';' <<< "${left}" | cut -c 1-500)"
   [ -z "${left}" ] || ok=false
   grep -q '^powered off' <<< "${ended}" || ok=false
   [ "${guest_rc}" = 0 ] || ok=false
@@ -700,6 +706,8 @@ step_kata_killed() {
   done
   kills=$(clog_count "${clog}" "failed to clean up after shim disconnected")
   missing=$(clog_count "${clog}" "Missing kernel path")
+  local dials
+  dials=$(clog_count "${clog}" "failed to dial remote sock")
   cri remove-pod "${pod2}" 2> "${run}/err" || rc=$?
   # Kata's delete cannot restore a remote sandbox: no StopVM reaches the service, the VM
   # runs on. The operator's way out: StopVM by hand.
