@@ -52,6 +52,7 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-devi
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record k8s-up k8s-down k8s-run \
+	crio \
 	kata kata-test \
 	installer-image \
 	promtool bench soak fuzz \
@@ -80,6 +81,7 @@ help:
 	@echo "make installer-image - the DaemonSet installer's image (deploy/installer/), to import on each node"
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
+	@echo "make crio   - CRI-O 1.34 (crio, copyimg, pinns) from the Go module proxy (cached); its directory last"
 	@echo "make promtool - Prometheus's promtool out of Debian's prometheus package (cached)"
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test [STEPS=story,...] - a real two-node cluster: every update from the kubelet (in make test)"
@@ -202,6 +204,13 @@ vm-test: deps build-all
 # ~/.cache/kata-topo/k8s); a second run builds nothing.
 k8s:
 	@$(TIMED) timed "make k8s" 'bash k8s/build.sh > /dev/null'
+
+# CRI-O (crio/): crio, its image copier copyimg and pinns at the github.com/cri-o/cri-o
+# version crio/go.mod pins, built like make k8s from the Go module proxy with the local Go
+# toolchain into a cache outside the tree (KT_CRIO_CACHE, default ~/.cache/kata-topo/crio).
+# Prints the binaries' directory on its last line.
+crio:
+	@bash crio/build.sh
 
 # promtool out of Debian's prometheus package (tools/promtool.sh: why not built from source),
 # cached in target/promtool/.
