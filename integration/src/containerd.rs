@@ -115,6 +115,74 @@ fn shim_sockets(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
+impl Guard {
+    /// The wrapper's configuration: the `[topology_guard]` template's table with these
+    /// settings and paths, then [`Guard::extra`]. (`kata-topo-nri` reads the same table.)
+    pub(crate) fn table(
+        &self,
+        sysfs: &Path,
+        state_dir: &Path,
+        log: &Path,
+        metrics: &str,
+    ) -> String {
+        let text = |p: &Path| p.display().to_string();
+        let delegate = self
+            .delegate
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("containerd-shim-runc-v2"));
+        let topology = self
+            .topology_xml
+            .clone()
+            .unwrap_or_else(|| workspace().join("scenario/two-node-host.xml"));
+        let (delegate, topology, sysfs, state, log) = (
+            text(&delegate),
+            text(&topology),
+            text(sysfs),
+            text(state_dir),
+            text(log),
+        );
+        let fail_closed = self.fail_closed.to_string();
+        let values = [
+            ("DELEGATE", delegate.as_str()),
+            ("MODE", self.mode),
+            ("POLICY", self.policy),
+            ("TOPOLOGY_XML", topology.as_str()),
+            ("SYSFS", sysfs.as_str()),
+            ("STATE_DIR", state.as_str()),
+            ("LOG_FILE", log.as_str()),
+            ("FAIL_CLOSED", fail_closed.as_str()),
+            ("METRICS_DIR", metrics),
+        ];
+        let table = templates::render(templates::TOPOLOGY_GUARD, &values)
+            .expect("the [topology_guard] template renders");
+        format!("{table}{}\n", self.extra)
+    }
+}
+
+/// The simulated host in a test's directory `d`: its sysfs tree (the scenario's GPU in IOMMU
+/// group 42 on node 1, a NIC bound to vfio-pci on node 0) and the character device standing in
+/// for `/dev/vfio/42`.
+pub(crate) fn simulated_host(d: &Path) -> (SysfsTree, PathBuf) {
+    let sysfs = SysfsTree::at(d.join("sys")).expect("sysfs");
+    sysfs.add_gpu().expect("gpu");
+    sysfs
+        .add_device(
+            "0000:17:00.0".parse().expect("bdf"),
+            0,
+            Some("vfio-pci"),
+            Some("17"),
+        )
+        .expect("nic");
+    let vfio_node = d.join("vfio-42");
+    let made = Command::new("mknod")
+        .arg(&vfio_node)
+        .args(["c", "1", "3"])
+        .status()
+        .expect("mknod");
+    assert!(made.success(), "mknod {}", vfio_node.display());
+    (sysfs, vfio_node)
+}
+
 impl Containerd {
     /// Starts containerd with the wrapper configured as `guard` says, images imported.
     pub fn start(guard: Guard) -> Self {
@@ -128,23 +196,7 @@ impl Containerd {
             .tempdir_in(&under)
             .expect("tempdir");
         let d = dir.path();
-        let sysfs = SysfsTree::at(d.join("sys")).expect("sysfs");
-        sysfs.add_gpu().expect("gpu");
-        sysfs
-            .add_device(
-                "0000:17:00.0".parse().expect("bdf"),
-                0,
-                Some("vfio-pci"),
-                Some("17"),
-            )
-            .expect("nic");
-        let vfio_node = d.join("vfio-42");
-        let made = Command::new("mknod")
-            .arg(&vfio_node)
-            .args(["c", "1", "3"])
-            .status()
-            .expect("mknod");
-        assert!(made.success(), "mknod {}", vfio_node.display());
+        let (sysfs, vfio_node) = simulated_host(d);
         let path_dir = d.join("bin");
         std::fs::create_dir_all(&path_dir).expect("bin dir");
         std::os::unix::fs::symlink(
@@ -153,10 +205,6 @@ impl Containerd {
         )
         .expect("symlink shim");
         let socket = d.join("c.sock");
-        let topology = guard
-            .topology_xml
-            .clone()
-            .unwrap_or_else(|| workspace().join("scenario/two-node-host.xml"));
         let config = d.join("kata-topo.toml");
         let log_file = guard
             .log_file
@@ -166,10 +214,6 @@ impl Containerd {
             .state_dir
             .clone()
             .unwrap_or_else(|| d.join("kt-state"));
-        let delegate = guard
-            .delegate
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("containerd-shim-runc-v2"));
         let configpath = d.join("kata-topo-configpath.toml");
         let configpath_log = d.join("kata-topo-configpath.log");
         let metrics_dir = d.join("metrics");
@@ -180,32 +224,7 @@ impl Containerd {
         } else {
             String::new()
         };
-        // The template's table, then the test's own lines.
-        let wrapper_config = |log: &Path| {
-            let text = |p: &Path| p.display().to_string();
-            let (delegate, topology, sysfs, state, log) = (
-                text(&delegate),
-                text(&topology),
-                text(sysfs.root()),
-                text(&state_dir),
-                text(log),
-            );
-            let fail_closed = guard.fail_closed.to_string();
-            let values = [
-                ("DELEGATE", delegate.as_str()),
-                ("MODE", guard.mode),
-                ("POLICY", guard.policy),
-                ("TOPOLOGY_XML", topology.as_str()),
-                ("SYSFS", sysfs.as_str()),
-                ("STATE_DIR", state.as_str()),
-                ("LOG_FILE", log.as_str()),
-                ("FAIL_CLOSED", fail_closed.as_str()),
-                ("METRICS_DIR", metrics.as_str()),
-            ];
-            let table = templates::render(templates::TOPOLOGY_GUARD, &values)
-                .expect("the [topology_guard] template renders");
-            format!("{table}{}\n", guard.extra)
-        };
+        let wrapper_config = |log: &Path| guard.table(sysfs.root(), &state_dir, log, &metrics);
         std::fs::write(&config, wrapper_config(&log_file)).expect("write config");
         std::fs::write(&configpath, wrapper_config(&configpath_log)).expect("write config");
         // The recording shim: containerd's `start` input and output, then runc's shim.

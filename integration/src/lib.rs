@@ -24,6 +24,7 @@ mod discovery;
 mod events;
 mod layout;
 mod lock;
+mod plugin;
 pub mod remote_hypervisor;
 pub mod templates;
 mod vmm;
@@ -36,6 +37,7 @@ pub use events::EventsWatcher;
 pub use kata_topo_core::testutil::GPU;
 pub use layout::RECORDED_CONFIG_PATH;
 pub use lock::MachineLock;
+pub use plugin::NriPlugin;
 pub use vmm::{CloudHypervisor, Guest, Qemu, QemuOpts};
 
 /// Whether a process is alive (not gone, not a zombie).

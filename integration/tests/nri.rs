@@ -9,11 +9,12 @@
 //! `make containerd2` unpacks under `target/` (and fail, saying so, when it is not there).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{
-    bin_dir, eventually, workspace, Container, Containerd, ContainerdBin, Guard, Resources,
+    bin_dir, eventually, workspace, Container, Containerd, ContainerdBin, Guard, NriPlugin,
+    Resources,
 };
 
 const POD_ANNOTATIONS: &[(&str, &str)] = &[
@@ -51,42 +52,14 @@ fn start(guard: Guard) -> Containerd {
     })
 }
 
-/// The plugin's process, killed when dropped.
-struct Plugin(Option<Child>);
-
-impl Plugin {
-    fn start(c: &Containerd) -> Self {
-        Self::with_config(c, &c.config)
-    }
-
-    /// The plugin on its own configuration file.
-    fn with_config(c: &Containerd, config: &Path) -> Self {
-        let out = std::fs::File::create(c.dir.path().join("nri.out")).expect("nri.out");
-        let child = Command::new(bin_dir().join("kata-topo-nri"))
-            .arg("--config")
-            .arg(config)
-            .arg("--socket")
-            .arg(&c.nri_socket)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("nri.out"))
-            .stderr(out)
-            .spawn()
-            .expect("start kata-topo-nri");
-        Self(Some(child))
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// The plugin on containerd's NRI socket.
+fn plugin(c: &Containerd) -> NriPlugin {
+    plugin_with_config(c, &c.config)
 }
 
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The plugin on its own configuration file.
+fn plugin_with_config(c: &Containerd, config: &Path) -> NriPlugin {
+    NriPlugin::start(config, &c.nri_socket, &c.dir.path().join("nri.out"))
 }
 
 fn events(c: &Containerd, event: &str) -> usize {
@@ -120,7 +93,7 @@ fn nri_lines(c: &Containerd) -> String {
 #[test]
 fn audit_reports_a_cross_numa_resize_and_keeps_the_pods_state() {
     let c = start(Guard::default());
-    let _plugin = Plugin::start(&c);
+    let _plugin = plugin(&c);
     registered(&c, 1);
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-audit", POD_ANNOTATIONS);
@@ -175,7 +148,7 @@ fn enforce_refuses_the_update_and_the_recreate_with_kata_topos_message() {
         mode: "enforce",
         ..Guard::default()
     });
-    let _plugin = Plugin::start(&c);
+    let _plugin = plugin(&c);
     registered(&c, 1);
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-enforce", POD_ANNOTATIONS);
@@ -231,7 +204,7 @@ fn the_plugin_killed_mid_run_costs_no_pod_operation() {
         mode: "enforce",
         ..Guard::default()
     });
-    let mut plugin = Plugin::start(&c);
+    let mut plugin = plugin(&c);
     registered(&c, 1);
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-killed", POD_ANNOTATIONS);
@@ -256,7 +229,7 @@ fn the_plugin_killed_mid_run_costs_no_pod_operation() {
     assert_eq!(cri.allowed_cpus(&id), "0");
     eprintln!("containerd on the killed plugin:\n{}", nri_lines(&c));
     // Started again, it registers, is synchronised, and checks again.
-    let _plugin = Plugin::start(&c);
+    let _plugin = self::plugin(&c);
     registered(&c, 2);
     let e = cri
         .update(&second, &admitted.on("0-1"))
@@ -273,7 +246,7 @@ fn containerd_restarted_the_plugin_reconnects_and_keeps_the_baselines() {
         mode: "enforce",
         ..Guard::default()
     });
-    let _plugin = Plugin::start(&c);
+    let _plugin = plugin(&c);
     registered(&c, 1);
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-restart", POD_ANNOTATIONS);
@@ -316,7 +289,7 @@ fn a_wedged_check_is_answered_within_the_budget_and_keeps_the_connection() {
         ),
         ..Guard::default()
     });
-    let _plugin = Plugin::start(&c);
+    let _plugin = plugin(&c);
     registered(&c, 1);
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-wedged", POD_ANNOTATIONS);
@@ -356,9 +329,9 @@ fn a_stopped_plugin_costs_containerds_timeout_once_then_nothing() {
         nri_timeout: Some("1s"),
         ..Guard::default()
     });
-    let plugin = Plugin::start(&c);
+    let plugin = plugin(&c);
     registered(&c, 1);
-    let pid = plugin.0.as_ref().map(Child::id).expect("pid").to_string();
+    let pid = plugin.pid().expect("pid").to_string();
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-stopped", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
@@ -432,7 +405,7 @@ fn a_pod_the_wrapper_serves_is_checked_once_by_the_wrapper_and_a_runc_pod_by_the
     let plugin_log = c.dir.path().join("kata-topo-nri.log");
     let plugin_config = c.dir.path().join("kata-topo-nri.toml");
     with_log_file(&c.config, &plugin_log, &plugin_config);
-    let _plugin = Plugin::with_config(&c, &plugin_config);
+    let _plugin = plugin_with_config(&c, &plugin_config);
     let count = |event: &str| {
         lines_of(&plugin_log)
             .iter()
@@ -763,9 +736,9 @@ fn the_nri_daemonset_runs_the_plugin_without_capabilities_on_the_paths_it_mounts
         .stderr(out)
         .spawn()
         .expect("setpriv kata-topo-nri");
-    let plugin = Plugin(Some(child));
+    let plugin = NriPlugin::from(child);
     registered(&c, 1);
-    let pid = plugin.0.as_ref().map(Child::id).expect("pid");
+    let pid = plugin.pid().expect("pid");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     for field in ["CapEff:", "CapPrm:", "CapBnd:"] {
         let line = status
