@@ -244,8 +244,11 @@ impl Cri {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                labels: kubelet_labels(name, config),
+                // As the kubelet sends it: CRI-O verifies the image the user named.
                 image: Some(cri::ImageSpec {
                     image: BUSYBOX.to_string(),
+                    user_specified_image: BUSYBOX.to_string(),
                     ..Default::default()
                 }),
                 command: vec![
@@ -257,7 +260,16 @@ impl Cri {
                 devices,
                 linux: Some(cri::LinuxContainerConfig {
                     resources: Some(res.cri()),
-                    ..Default::default()
+                    // The pod's namespaces, as the kubelet gives each container (CRI-O refuses
+                    // a container whose PID namespace is not the pod's).
+                    security_context: Some(cri::LinuxContainerSecurityContext {
+                        namespace_options: config
+                            .linux
+                            .as_ref()
+                            .and_then(|l| l.security_context.as_ref())
+                            .and_then(|s| s.namespace_options.clone()),
+                        ..Default::default()
+                    }),
                 }),
                 ..Default::default()
             }),
@@ -442,6 +454,21 @@ impl Cri {
                 .expect("RemovePodSandbox");
         });
     }
+}
+
+/// The labels the kubelet puts on a container (`newContainerLabels`): CRI-O names a container
+/// to NRI plugins by `io.kubernetes.container.name` (containerd by the CRI metadata's name).
+fn kubelet_labels(name: &str, pod: &cri::PodSandboxConfig) -> HashMap<String, String> {
+    let meta = pod.metadata.clone().unwrap_or_default();
+    [
+        ("io.kubernetes.container.name", name.to_string()),
+        ("io.kubernetes.pod.name", meta.name),
+        ("io.kubernetes.pod.namespace", meta.namespace),
+        ("io.kubernetes.pod.uid", meta.uid),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 /// Where a container sees its VFIO device: a real group node (`/dev/vfio/<group>`, as in the
