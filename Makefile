@@ -11,10 +11,10 @@ CARGO ?= cargo
 # unpacks containerd 2.3.4's archive and, with binutils, takes the guest kernel
 # cloud-hypervisor boots out of Debian's kernel package; make vm-test boots Debian's kernel in
 # QEMU on this host's /usr and /etc, builds its initramfs from busybox-static and writes its
-# report with jq.
+# report with jq. make crio-test runs CRI-O under Debian's conmon.
 APT_PACKAGES := libhwloc-dev libudev-dev pkg-config hwloc bzip2 \
 	containerd runc busybox-static protobuf-compiler qemu-system-x86 \
-	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq openssl iproute2
+	prometheus-node-exporter shellcheck ruby vagrant xz-utils binutils jq openssl iproute2 conmon
 
 # The cloud-hypervisor the VM-view tests run (v51.0, the version Kata 4.1 pins; Debian does not
 # package it): a path, or `none` to run the integration tests without those tests, which are
@@ -34,13 +34,14 @@ VMLINUX := target/kata-topo-vmm/vmlinux
 CONTAINERD2_ARCHIVE ?= ../shared/containerd/containerd-2.3.4-linux-amd64.tar.xz
 CONTAINERD2_BIN := target/containerd-2.3.4/bin
 CONTAINERD_BIN ?=
-# The VM-view tests take the cloud-hypervisor and the guest kernel from the environment.
+# The VM-view tests take the cloud-hypervisor and the guest kernel from the environment. The
+# CRI-O tests (integration/tests/crio.rs, every test named crio_*) are make crio-test's.
 ifeq ($(KT_CLOUD_HYPERVISOR),none)
 INTEGRATION_TEST = $(CARGO) test -p kata-topo-integration --locked -- --test-threads=1 \
-	--skip cloud_hypervisor
+	--skip crio_ --skip cloud_hypervisor
 else
 INTEGRATION_TEST = KT_CLOUD_HYPERVISOR=$(abspath $(KT_CLOUD_HYPERVISOR)) KT_VMLINUX=$(CURDIR)/$(VMLINUX) \
-	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1
+	$(CARGO) test -p kata-topo-integration --locked -- --test-threads=1 --skip crio_
 endif
 
 # make install: PREFIX, DESTDIR as usual; PROFILE=debug installs the debug build.
@@ -52,7 +53,7 @@ BINARIES := containerd-shim-kata-topo-v2 kata-topo kata-topo-hook kata-topo-devi
 SHARE_DIR := $(PREFIX)/share/kata-topo
 
 .PHONY: help deps check build build-all build-release test lint alerts-test unit integration vm-test k8s k8s-test k8s-record k8s-up k8s-down k8s-run \
-	crio \
+	crio crio-test \
 	kata kata-test \
 	installer-image \
 	promtool bench soak fuzz \
@@ -82,6 +83,7 @@ help:
 	@echo "make vm-test - the scenario in a QEMU guest with two NUMA nodes and a VFIO NIC (in make test)"
 	@echo "make k8s    - kubelet, kube-apiserver, kubectl and etcd from the Go module proxy (cached)"
 	@echo "make crio   - CRI-O 1.34 (crio, copyimg, pinns) from the Go module proxy (cached); its directory last"
+	@echo "make crio-test - kata-topo-nri on a real CRI-O 1.34 with NRI on (not in make test)"
 	@echo "make promtool - Prometheus's promtool out of Debian's prometheus package (cached)"
 	@echo "make alerts-test - the alert rules (promtool) and the dashboard against the metrics (in make test)"
 	@echo "make k8s-test [STEPS=story,...] - a real two-node cluster: every update from the kubelet (in make test)"
@@ -93,8 +95,8 @@ help:
 
 # Installs only what is missing, after one apt-get update; the only target that installs
 # packages. The entry points (test, demo, bench, soak, fuzz, demo-cli, install, integration,
-# vm-test, k8s-test, alerts-test) run it first, the targets they are made of do not, and
-# `make check` never does.
+# vm-test, k8s-test, alerts-test, crio-test) run it first, the targets they are made of do
+# not, and `make check` never does.
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
@@ -170,6 +172,7 @@ endif
 ifeq ($(KT_CLOUD_HYPERVISOR),none)
 	@echo "NOT RUN: vm::cloud_hypervisor (KT_CLOUD_HYPERVISOR=none: no cloud-hypervisor binary given)"
 endif
+	@echo "NOT RUN: the CRI-O tests (integration/tests/crio.rs: make crio-test runs them)"
 
 # containerd 2.3.4 + runc 1.5.1, unpacked from the archive under target/.
 containerd2: $(CONTAINERD2_BIN)/containerd
@@ -211,6 +214,15 @@ k8s:
 # Prints the binaries' directory on its last line.
 crio:
 	@bash crio/build.sh
+
+# kata-topo-nri on CRI-O 1.34 with NRI on (integration/tests/crio.rs): a private CRI-O, its
+# runc handler on runc 1.5.1 (containerd 2.3.4's archive) under Debian's conmon, the NRI
+# story of tests/nri.rs. Not in make test (docs/nri.md: why).
+crio-test: deps build-all containerd2
+	@$(TIMED) out=$$(bash crio/build.sh) && bins=$$(tail -n 1 <<< "$$out") && \
+	  echo "== crio-test: $$($$bins/crio --version | head -n 1), $$($(CONTAINERD2_BIN)/runc --version | head -n 1), $$(conmon --version | head -n 1)" && \
+	  timed "crio-test" "KT_CRIO_BIN=$$bins KT_CRIO_RUNC=$(CURDIR)/$(CONTAINERD2_BIN)/runc \
+	    $(CARGO) test -p kata-topo-integration --locked --test crio -- --test-threads=1 --nocapture"
 
 # promtool out of Debian's prometheus package (tools/promtool.sh: why not built from source),
 # cached in target/promtool/.

@@ -1,10 +1,12 @@
 //! The configurations the tests write, from the templates in `integration/templates/`: the
-//! containerd configuration (`containerd.toml`) and the wrapper's `[topology_guard]`
+//! containerd configuration (`containerd.toml`), CRI-O's (`crio.conf`) and the wrapper's `[topology_guard]`
 //! (`topology-guard.toml`). Scripts render the same files with `render.sh`, by the same rule
 //! ([`render`]).
 
 /// The containerd configuration template.
 pub const CONTAINERD: &str = include_str!("../templates/containerd.toml");
+/// The CRI-O configuration template.
+pub const CRIO: &str = include_str!("../templates/crio.conf");
 /// The `[topology_guard]` template.
 pub const TOPOLOGY_GUARD: &str = include_str!("../templates/topology-guard.toml");
 
@@ -81,7 +83,7 @@ mod tests {
     #[test]
     fn both_renderers_agree() {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/render.sh");
-        let cases: [Case<'_>; 3] = [
+        let cases: [Case<'_>; 4] = [
             (
                 "containerd.toml",
                 CONTAINERD,
@@ -121,6 +123,18 @@ mod tests {
                     ("STATE_DIR", "/st"),
                     ("LOG_FILE", "/kt.log"),
                     ("FAIL_CLOSED", "false"),
+                ],
+            ),
+            (
+                "crio.conf",
+                CRIO,
+                &[
+                    ("DIR", "/d"),
+                    ("RUNC", "/runc"),
+                    ("CONMON", "/conmon"),
+                    ("PINNS", "/pinns"),
+                    ("PAUSE_IMAGE", "pause:1"),
+                    ("NRI_TIMEOUT", "1s"),
                 ],
             ),
         ];

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# render.sh TEMPLATE [NAME=VALUE]...: prints TEMPLATE (containerd.toml or topology-guard.toml
-# beside this script) with the values given. The rule, the same as integration/src/templates.rs:
-# a line starting with `##` is dropped; a line starting with {{?NAME}} (one or more) is kept,
-# without them, only when each NAME is given and not empty; {{NAME}} is NAME's value. A NAME
-# not given where a value is needed, a name that is not [A-Z][A-Z0-9_]*, and a value holding a
-# double quote, a backslash or a newline (it would break the TOML) are errors.
+# render.sh TEMPLATE [NAME=VALUE]...: prints TEMPLATE (containerd.toml, crio.conf or
+# topology-guard.toml beside this script) with the values given. The rule, the same as
+# integration/src/templates.rs: a line starting with `##` is dropped; a line starting with
+# {{?NAME}} (one or more) is kept, without them, only when each NAME is given and not empty;
+# {{NAME}} is NAME's value. A NAME not given where a value is needed, a name that is not
+# [A-Z][A-Z0-9_]*, and a value holding a double quote, a backslash or a newline (it would break
+# the TOML) are errors.
 #
 #   render.sh integration/templates/topology-guard.toml DELEGATE=containerd-shim-runc-v2 \
 #     MODE=audit POLICY=restricted SYSFS=/sys STATE_DIR=/run/kata-topo LOG_FILE=/tmp/kt.log \
