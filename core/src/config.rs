@@ -195,6 +195,12 @@ pub struct Config {
     /// then is answered "no adjustment" and logged `nri-unchecked`.
     #[serde(default = "default_nri_answer_ms")]
     pub nri_answer_ms: u64,
+    /// containerd's ttrpc socket (`/run/containerd/containerd.sock.ttrpc`), where
+    /// `kata-topo-nri` publishes its verdicts on `/kata-topo/mismatch` as the wrapper does
+    /// through the address containerd gives its shims; unset or `""` (the default): no
+    /// containerd events (CRI-O has no event service). The wrapper and the hook ignore it.
+    #[serde(default, deserialize_with = "optional_path")]
+    pub nri_events_socket: Option<PathBuf>,
 }
 
 fn default_nri_answer_ms() -> u64 {
@@ -244,6 +250,7 @@ impl Default for Config {
             nri_runtime_handlers: Vec::new(),
             nri_plugin_index: default_nri_plugin_index(),
             nri_answer_ms: default_nri_answer_ms(),
+            nri_events_socket: None,
         }
     }
 }
@@ -294,6 +301,7 @@ impl Config {
             ("kubelet_config_dir", self.kubelet_config_dir.as_ref()),
             ("kubeconfig", self.kubeconfig.as_ref()),
             ("nri_socket", Some(&self.nri_socket)),
+            ("nri_events_socket", self.nri_events_socket.as_ref()),
         ] {
             if let Some(p) = p {
                 if !p.is_absolute() {
@@ -542,6 +550,7 @@ nri_socket = "/run/nri/nri.sock"
 nri_runtime_handlers = ["kata", "kata-qemu"]
 nri_plugin_index = "05"
 nri_answer_ms = 600
+nri_events_socket = "/run/containerd/containerd.sock.ttrpc"
 "#,
         )
         .expect("valid");
@@ -586,6 +595,10 @@ nri_answer_ms = 600
         assert_eq!(c.nri_runtime_handlers, ["kata", "kata-qemu"]);
         assert_eq!(c.nri_plugin_index, "05");
         assert_eq!(c.nri_answer_ms, 600);
+        assert_eq!(
+            c.nri_events_socket.as_deref(),
+            Some(Path::new("/run/containerd/containerd.sock.ttrpc"))
+        );
         // An empty kubeconfig switches the affinity check off.
         let off = parse("[topology_guard]\nkubeconfig = \"\"\nkubelet_config_dir = \"\"\n")
             .expect("valid");
@@ -621,6 +634,7 @@ nri_answer_ms = 600
         assert!(c.nri_runtime_handlers.is_empty());
         assert_eq!(c.nri_plugin_index, "90");
         assert_eq!(c.nri_answer_ms, 200);
+        assert_eq!(c.nri_events_socket, None);
     }
 
     #[test]
@@ -630,6 +644,7 @@ nri_answer_ms = 600
             "nri_plugin_index = \"a1\"",
             "nri_runtime_handlers = [\"\"]",
             "nri_socket = \"nri.sock\"",
+            "nri_events_socket = \"containerd.sock.ttrpc\"",
         ] {
             let e = parse(&format!("[topology_guard]\n{bad}\n")).expect_err(bad);
             let key = bad.split(' ').next().unwrap_or_default();

@@ -93,8 +93,13 @@ fn nri_lines(c: &Containerd) -> String {
 #[test]
 fn audit_reports_a_cross_numa_resize_and_keeps_the_pods_state() {
     let c = start(Guard::default());
-    let _plugin = plugin(&c);
+    // containerd events, as the wrapper publishes them: on containerd's own ttrpc socket.
+    let config = c.dir.path().join("nri-events.toml");
+    let ttrpc = PathBuf::from(format!("{}.ttrpc", c.socket.display()));
+    with_key(&c.config, "nri_events_socket", &ttrpc, &config);
+    let _plugin = plugin_with_config(&c, &config);
     registered(&c, 1);
+    let events = c.operator_events();
     let mut cri = c.cri();
     let cfg = cri.pod_config("nri-audit", POD_ANNOTATIONS);
     let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
@@ -117,6 +122,19 @@ fn audit_reports_a_cross_numa_resize_and_keeps_the_pods_state() {
     assert_eq!(line["container_id"], id.as_str());
     assert_eq!(line["pod_name"], "nri-audit");
     assert_eq!(line["pod_namespace"], "ml");
+    events
+        .wait_for("/kata-topo/mismatch", DEADLINE)
+        .expect("the plugin publishes the mismatch on containerd's event service");
+    assert!(
+        events
+            .wait_for("pod=ml/nri-audit", Duration::from_secs(5))
+            .is_some()
+            && events
+                .wait_for("cpu-outside-intent", Duration::from_secs(5))
+                .is_some(),
+        "the event names the pod and the rule: {:?}",
+        events.lines()
+    );
     // The state `kata-topo status` reads: the pod's directory, as the wrapper keeps it.
     let pod_dir = c.state_dir.join("k8s.io").join(&pod);
     assert!(
@@ -386,13 +404,18 @@ fn findings_about(lines: &[serde_json::Value], rule: &str, id: &str) -> usize {
 /// The wrapper's configuration with another `log_file`: the same `state_dir`, where the
 /// wrapper's daemons record themselves.
 fn with_log_file(config: &Path, log: &Path, out: &Path) {
+    with_key(config, "log_file", log, out);
+}
+
+/// The configuration at `config` with the path `key` set to `value`, written to `out`.
+fn with_key(config: &Path, key: &str, value: &Path, out: &Path) {
     let text = std::fs::read_to_string(config).expect("the wrapper's configuration");
     let mut t: toml::Table = text.parse().expect("TOML");
     let guard = t
         .get_mut("topology_guard")
         .and_then(toml::Value::as_table_mut)
         .expect("[topology_guard]");
-    guard.insert("log_file".into(), log.display().to_string().into());
+    guard.insert(key.into(), value.display().to_string().into());
     std::fs::write(out, t.to_string()).expect("write the plugin's configuration");
 }
 

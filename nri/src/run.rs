@@ -94,10 +94,21 @@ pub fn real_main() -> ExitCode {
         "config" => resolved.file.as_ref().map(|p| p.display().to_string()),
         "config_source" => resolved.source.as_str(), "nri_socket" => config.nri_socket.display().to_string(),
         "plugin_index" => &config.nri_plugin_index, "answer_ms" => config.nri_answer_ms, "runtime_handlers" => format!("{:?}", config.nri_runtime_handlers),
+        "events_socket" => config.nri_events_socket.as_ref().map(|p| p.display().to_string()),
         "version" => VERSION);
+    // containerd events as the wrapper publishes them, in the namespace of CRI's pods.
+    let events = Events::start(
+        config
+            .nri_events_socket
+            .as_ref()
+            .map(|p| p.display().to_string()),
+        crate::front::NAMESPACE.to_string(),
+        log.clone(),
+        drops.clone(),
+    );
     let sinks = Sinks {
         log: log.clone(),
-        events: Events::off(),
+        events,
         drops,
     };
     let front = Front::new(resolved, kata, sinks);
