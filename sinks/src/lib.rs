@@ -12,8 +12,10 @@
 //! kinds, not one: the log lines and events (containerd's and Kubernetes') go through a bounded FIFO [`queue::Lane`] (every
 //! line in order, the overflow dropped and counted); the state files through [`Persist`],
 //! coalesced by file (only the latest version of each waits, nothing is dropped); the metrics
-//! file through [`Metrics`]' own writer, whose counters live in memory and are rendered whole
-//! at each change and heartbeat (a counter is never dropped). One wait serves the callers of
+//! files through [`Metrics`]' own writer, whose counters live in memory and are rendered whole
+//! at each change and heartbeat (a counter is never dropped). A front end serving every pod of
+//! the node runs one state writer ([`Persist::another`]) and one metrics writer
+//! ([`MetricsWriter`]) for all of them. One wait serves the callers of
 //! all of them ([`queue`]'s `wait_until`): a writer stuck on a hung filesystem is waited for
 //! only until the caller's deadline.
 
@@ -27,7 +29,7 @@ pub mod queue;
 
 pub use events::Events;
 pub use log::{log_verdict, Log};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, MetricsWriter};
 pub use persist::Persist;
 pub use pod_events::PodEvents;
 pub use queue::{Drops, Sink};

@@ -6,18 +6,23 @@
 //! file and replaces it whole, relative to the directory it opened once without following a
 //! symlink (see [`kata_topo_core::files::Dir`]). A hung filesystem stalls only the writer: the
 //! counters keep counting and the next write carries them.
+//!
+//! One writer thread can serve many sandboxes ([`MetricsWriter`]: the NRI plugin's, one thread
+//! for the node): each sandbox keeps its own file, counters and removal, and the writer runs
+//! while one of them is there (a later sandbox starts it again). The wrapper's daemon has a
+//! writer of its own for its one sandbox ([`Metrics::textfile`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use kata_topo_core::files::Dir;
 use kata_topo_core::Verdict;
 use sha2::{Digest, Sha256};
 
-use crate::queue::{wait_until, Drops, Sink};
+use crate::queue::{wait_until, Drops, Sink, SINKS};
 
 /// Histogram buckets for `kata_topo_check_duration_seconds`.
 const BUCKETS: [f64; 11] = [
@@ -32,6 +37,8 @@ const HEARTBEAT: Duration = if cfg!(test) {
 } else {
     Duration::from_secs(60)
 };
+/// How long the writer waits before it tries again to open a directory it could not.
+const RETRY: Duration = Duration::from_secs(1);
 /// The file's mode: node-exporter runs as another user and must read it.
 const MODE: u32 = 0o644;
 /// The longest file name: the temporary name adds 22 bytes, and a name has at most 255.
@@ -49,22 +56,80 @@ struct Counters {
     removed: bool,
     /// The writer removed the file (after `removed`).
     gone: bool,
+    /// The drop counters the last write carried (the writer's).
+    drops_seen: Option<[u64; SINKS]>,
+    /// When the file was last written (the writer's).
+    written: Option<Instant>,
 }
 
+/// The sandboxes one writer thread writes for.
+#[derive(Debug, Default)]
+struct Files {
+    /// Each sandbox by the id it joined with. A sandbox leaves once its file is removed, or
+    /// once nothing holds its [`Metrics`] any more (its file then stays as last written).
+    sandboxes: BTreeMap<u64, Weak<Shared>>,
+    /// The next sandbox's id.
+    next: u64,
+    /// Something changed since the writer last looked: a count, a removal, a sandbox that
+    /// joined or left.
+    poked: bool,
+    /// Whether the writer thread runs.
+    running: bool,
+}
+
+/// One writer thread's directory, sandboxes and wake-up.
+#[derive(Debug)]
+struct Hub {
+    dir: PathBuf,
+    drops: Arc<Drops>,
+    files: Mutex<Files>,
+    wake: Condvar,
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn poke(&self) {
+        self.lock().poked = true;
+        self.wake.notify_all();
+    }
+}
+
+/// One sandbox's file and counters.
 #[derive(Debug)]
 struct Shared {
-    dir: PathBuf,
+    hub: Arc<Hub>,
     name: String,
     labels: String,
     counters: Mutex<Counters>,
-    wake: Condvar,
-    drops: Arc<Drops>,
+    /// Tells [`Metrics::remove`] the file is gone.
+    done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Shared {
+    /// The writer learns at once that a sandbox left (and ends when it was the last).
+    fn drop(&mut self) {
+        self.hub.poke();
+    }
 }
 
 /// Where check counts and durations go: a textfile, or nowhere.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics(Option<Arc<Shared>>);
 
+/// One writer thread for the textfiles of many sandboxes in one directory (a front end that
+/// serves every pod of the node): [`MetricsWriter::textfile`] adds a sandbox. The thread
+/// starts with the first sandbox and ends once none is left, removed or dropped.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsWriter(Option<Arc<Hub>>);
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -107,17 +172,42 @@ pub fn file_name(namespace: &str, sandbox: &str) -> String {
     format!("kata-topo-%~{hex}.prom")
 }
 
-impl Metrics {
-    /// No metrics (no `metrics_dir`).
+impl MetricsWriter {
+    /// No metrics (no `metrics_dir`): every sandbox's [`Metrics`] is off.
     pub fn off() -> Self {
         Self(None)
     }
 
-    /// The file for one sandbox in `dir` (created if missing), written at once so the
-    /// sandbox shows as watched.
-    pub fn textfile(dir: &Path, namespace: &str, sandbox: &str, drops: Arc<Drops>) -> Self {
-        let shared = Arc::new(Shared {
+    /// The textfiles in `dir` (created if missing); `drops` is what every one of them reports
+    /// as dropped. No thread until the first sandbox.
+    pub fn textfiles(dir: &Path, drops: Arc<Drops>) -> Self {
+        Self(Some(Arc::new(Hub {
             dir: dir.to_path_buf(),
+            drops,
+            files: Mutex::new(Files::default()),
+            wake: Condvar::new(),
+        })))
+    }
+
+    /// The file of one sandbox, written at once so the sandbox shows as watched; its writer
+    /// started when it is not running (off when it cannot be started).
+    pub fn textfile(&self, namespace: &str, sandbox: &str) -> Metrics {
+        let Some(hub) = &self.0 else {
+            return Metrics::off();
+        };
+        let mut f = hub.lock();
+        if !f.running {
+            let worker = Arc::clone(hub);
+            let spawned = std::thread::Builder::new()
+                .name("metrics".into())
+                .spawn(move || writer(&worker));
+            if spawned.is_err() {
+                return Metrics::off();
+            }
+            f.running = true;
+        }
+        let shared = Arc::new(Shared {
+            hub: Arc::clone(hub),
             name: file_name(namespace, sandbox),
             labels: format!(
                 "namespace=\"{}\",sandbox_id=\"{}\"",
@@ -128,27 +218,46 @@ impl Metrics {
                 dirty: true,
                 ..Counters::default()
             }),
-            wake: Condvar::new(),
-            drops,
+            done: Condvar::new(),
         });
-        let weak = Arc::downgrade(&shared);
-        let spawned = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || writer(&weak));
-        Self(spawned.ok().map(|_| shared))
+        let id = f.next;
+        f.next += 1;
+        f.sandboxes.insert(id, Arc::downgrade(&shared));
+        f.poked = true;
+        hub.wake.notify_all();
+        Metrics(Some(shared))
+    }
+}
+
+impl Metrics {
+    /// No metrics (no `metrics_dir`).
+    pub fn off() -> Self {
+        Self(None)
+    }
+
+    /// The file for one sandbox in `dir` (created if missing), written at once so the
+    /// sandbox shows as watched, by a writer thread of its own (the wrapper's daemon, one
+    /// sandbox per process).
+    pub fn textfile(dir: &Path, namespace: &str, sandbox: &str, drops: Arc<Drops>) -> Self {
+        MetricsWriter::textfiles(dir, drops).textfile(namespace, sandbox)
     }
 
     /// The file's path, when there is one.
     pub fn path(&self) -> Option<PathBuf> {
-        self.0.as_ref().map(|s| s.dir.join(&s.name))
+        self.0.as_ref().map(|s| s.hub.dir.join(&s.name))
     }
 
     fn update(&self, f: impl FnOnce(&mut Counters)) {
         if let Some(s) = &self.0 {
-            let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut c);
-            c.dirty = true;
-            s.wake.notify_one();
+            {
+                let mut c = s.lock();
+                if c.removed {
+                    return;
+                }
+                f(&mut c);
+                c.dirty = true;
+            }
+            s.hub.poke();
         }
     }
 
@@ -187,9 +296,9 @@ impl Metrics {
         let Some(s) = &self.0 else {
             return true;
         };
-        s.counters.lock().unwrap_or_else(|e| e.into_inner()).removed = true;
-        s.wake.notify_one();
-        wait_until(&s.counters, &s.wake, deadline, |c| c.gone)
+        s.lock().removed = true;
+        s.hub.poke();
+        wait_until(&s.counters, &s.done, deadline, |c| c.gone)
     }
 }
 
@@ -258,68 +367,100 @@ fn render(s: &Shared, c: &Counters) -> String {
             out,
             "kata_topo_sink_dropped_total{{{l},sink=\"{}\"}} {}",
             sink.name(),
-            s.drops.get(sink)
+            s.hub.drops.get(sink)
         );
     }
     out
 }
 
-/// The writer thread: renders and replaces the file whenever counters changed (and when
-/// drop counters moved), removes it when the sandbox is gone.
-fn writer(weak: &Weak<Shared>) {
+/// The writer thread: goes through its sandboxes whenever one of them changed (and every
+/// [`IDLE`], for the drop counters and the heartbeat; every [`RETRY`] while its directory
+/// cannot be opened), renders and replaces each file that is due, removes each removed
+/// sandbox's; ends once no sandbox is left.
+fn writer(hub: &Hub) {
     let mut dir: Option<Dir> = None;
-    let mut drops_seen = None;
-    let mut written = Instant::now();
+    let mut gone: Vec<u64> = Vec::new();
     loop {
-        let Some(s) = weak.upgrade() else {
-            return;
-        };
-        let (text, removed) = {
-            let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
-            let drops_now = Some(s.drops.snapshot());
-            let fresh = |at: Instant| at.elapsed() < HEARTBEAT;
-            if !c.dirty && !c.removed && drops_now == drops_seen && fresh(written) {
-                c = s
+        let live: Vec<(u64, Arc<Shared>)> = {
+            let mut f = hub.lock();
+            for id in gone.drain(..) {
+                f.sandboxes.remove(&id);
+            }
+            f.sandboxes.retain(|_, s| s.strong_count() > 0);
+            if f.sandboxes.is_empty() {
+                f.running = false;
+                hub.wake.notify_all();
+                return;
+            }
+            if !f.poked {
+                // A directory that could not be opened is tried again sooner.
+                let wait = if dir.is_some() {
+                    IDLE.min(HEARTBEAT)
+                } else {
+                    RETRY
+                };
+                f = hub
                     .wake
-                    .wait_timeout(c, IDLE.min(HEARTBEAT))
+                    .wait_timeout(f, wait)
                     .map(|(g, _)| g)
                     .unwrap_or_else(|e| e.into_inner().0);
             }
-            let drops_now = Some(s.drops.snapshot());
-            if !c.dirty && !c.removed && drops_now == drops_seen && fresh(written) {
-                continue;
-            }
-            drops_seen = drops_now;
-            c.dirty = false;
-            let text = (!c.removed).then(|| render(&s, &c));
-            (text, c.removed)
+            f.poked = false;
+            f.sandboxes
+                .iter()
+                .filter_map(|(id, s)| Some((*id, s.upgrade()?)))
+                .collect()
         };
         if dir.is_none() {
-            dir = Dir::create(&s.dir, 0o755).ok();
+            dir = Dir::create(&hub.dir, 0o755).ok();
         }
-        let Some(d) = &dir else {
-            if removed {
-                let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
-                c.gone = true;
-                s.wake.notify_all();
-                return;
+        for (id, s) in &live {
+            if visit(s, dir.as_ref()) {
+                gone.push(*id);
             }
-            std::thread::sleep(Duration::from_secs(1));
-            continue;
-        };
-        match text {
-            Some(text) => {
-                let _ = d.write_atomic(&s.name, text.as_bytes(), MODE);
-                written = Instant::now();
-            }
-            None => {
+        }
+        // A sandbox whose last user went while it was being written drops here, outside
+        // the lock it pokes.
+        drop(live);
+    }
+}
+
+/// Writes one sandbox's file when it is due, or removes it once the sandbox is removed;
+/// returns whether the file is gone. Without a directory nothing is written, and a removed
+/// sandbox has nothing to remove.
+fn visit(s: &Shared, dir: Option<&Dir>) -> bool {
+    let text = {
+        let mut c = s.lock();
+        if c.gone {
+            return true;
+        }
+        let drops_now = Some(s.hub.drops.snapshot());
+        let fresh = c.written.is_some_and(|at| at.elapsed() < HEARTBEAT);
+        if !c.dirty && !c.removed && drops_now == c.drops_seen && fresh {
+            return false;
+        }
+        if dir.is_none() && !c.removed {
+            return false;
+        }
+        c.drops_seen = drops_now;
+        c.dirty = false;
+        (!c.removed).then(|| render(s, &c))
+    };
+    match (text, dir) {
+        (Some(text), Some(d)) => {
+            let _ = d.write_atomic(&s.name, text.as_bytes(), MODE);
+            s.lock().written = Some(Instant::now());
+            false
+        }
+        (None, d) => {
+            if let Some(d) = d {
                 let _ = d.remove(&s.name);
-                let mut c = s.counters.lock().unwrap_or_else(|e| e.into_inner());
-                c.gone = true;
-                s.wake.notify_all();
-                return;
             }
+            s.lock().gone = true;
+            s.done.notify_all();
+            true
         }
+        (Some(_), None) => false,
     }
 }
 
@@ -394,6 +535,126 @@ mod tests {
         m.observe(&verdict(), Duration::from_micros(30));
         std::thread::sleep(Duration::from_millis(50));
         assert!(!path.exists(), "a removed sandbox is never written again");
+    }
+
+    fn running(w: &MetricsWriter) -> bool {
+        w.0.as_ref().expect("a writer").lock().running
+    }
+
+    /// Waits, until `deadline`, for the writer to be (or not be) running.
+    fn wait_running(w: &MetricsWriter, want: bool) -> bool {
+        let hub = w.0.as_ref().expect("a writer");
+        wait_until(
+            &hub.files,
+            &hub.wake,
+            Instant::now() + Duration::from_secs(10),
+            |f| f.running == want,
+        )
+    }
+
+    /// Two sandboxes on one writer (the NRI plugin's pods): each its own file and counters;
+    /// removing one leaves the other, which is still written, and the removed one's file
+    /// never comes back.
+    #[test]
+    fn sandboxes_of_one_writer_are_apart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = MetricsWriter::textfiles(dir.path(), Drops::new());
+        assert!(!running(&w), "no thread before the first sandbox");
+        let a = w.textfile("k8s.io", "sb1");
+        let b = w.textfile("k8s.io", "sb2");
+        let (pa, pb) = (a.path().expect("a"), b.path().expect("b"));
+        assert_ne!(pa, pb);
+        a.observe(&verdict(), Duration::from_micros(30));
+        a.observe(&verdict(), Duration::from_micros(30));
+        b.observe(&verdict(), Duration::from_micros(30));
+        let la = "namespace=\"k8s.io\",sandbox_id=\"sb1\"";
+        let lb = "namespace=\"k8s.io\",sandbox_id=\"sb2\"";
+        let ca =
+            format!("kata_topo_checks_total{{{la},operation=\"update\",decision=\"allow\"}} 2");
+        let cb =
+            format!("kata_topo_checks_total{{{lb},operation=\"update\",decision=\"allow\"}} 1");
+        let ta = wait_for(&pa, |t| t.lines().any(|l| l == ca));
+        let tb = wait_for(&pb, |t| t.lines().any(|l| l == cb));
+        assert!(ta.lines().any(|l| l == ca), "{ta}");
+        assert!(tb.lines().any(|l| l == cb), "{tb}");
+        assert!(!ta.contains("sb2") && !tb.contains("sb1"), "{ta}\n{tb}");
+
+        assert!(a.remove(Instant::now() + Duration::from_secs(10)));
+        assert!(!pa.exists());
+        assert!(pb.exists(), "the other sandbox's file stays");
+        // The removed one counts on and is never written again; the other is, by its
+        // changes and by its heartbeat.
+        a.observe(&verdict(), Duration::from_micros(30));
+        b.observe(&verdict(), Duration::from_micros(30));
+        let cb =
+            format!("kata_topo_checks_total{{{lb},operation=\"update\",decision=\"allow\"}} 2");
+        let tb = wait_for(&pb, |t| t.lines().any(|l| l == cb));
+        assert!(tb.lines().any(|l| l == cb), "{tb}");
+        let first = heartbeat(&tb).expect("heartbeat");
+        let later = wait_for(&pb, |t| heartbeat(t).is_some_and(|h| h > first));
+        assert!(heartbeat(&later).is_some_and(|h| h > first), "{later}");
+        assert!(!pa.exists(), "a removed sandbox is never written again");
+        assert!(
+            a.remove(Instant::now() + Duration::from_secs(1)),
+            "removed twice"
+        );
+        assert!(b.remove(Instant::now() + Duration::from_secs(10)));
+        assert!(!pb.exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+    }
+
+    /// The writer ends once its last sandbox is removed or dropped, and starts again for a
+    /// new one.
+    #[test]
+    fn the_writer_ends_with_its_last_sandbox() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = MetricsWriter::textfiles(dir.path(), Drops::new());
+        let a = w.textfile("k8s.io", "sb1");
+        let b = w.textfile("k8s.io", "sb2");
+        let kept = b.clone();
+        assert!(running(&w));
+        assert!(a.remove(Instant::now() + Duration::from_secs(10)));
+        drop(b);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(running(&w), "a sandbox is still held");
+        drop(kept);
+        assert!(
+            wait_running(&w, false),
+            "its last user gone, the writer ends"
+        );
+        let p2 = dir.path().join(file_name("k8s.io", "sb2"));
+        assert!(
+            p2.exists(),
+            "a sandbox dropped without removal keeps its file"
+        );
+
+        let c = w.textfile("k8s.io", "sb3");
+        assert!(running(&w), "a new sandbox starts it again");
+        let pc = c.path().expect("c");
+        let text = wait_for(&pc, |t| t.contains("kata_topo_sandbox_watched"));
+        assert!(text.contains("sb3"), "{text}");
+        assert!(c.remove(Instant::now() + Duration::from_secs(10)));
+        assert!(
+            wait_running(&w, false),
+            "its last sandbox removed, the writer ends"
+        );
+        assert!(!pc.exists());
+        // Held but removed: nothing more to write.
+        c.observe(&verdict(), Duration::from_micros(30));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!running(&w) && !pc.exists());
+    }
+
+    #[test]
+    fn an_off_writer_makes_off_metrics() {
+        let m = MetricsWriter::off().textfile("k8s.io", "sb1");
+        assert_eq!(m.path(), None);
+        assert!(m.remove(Instant::now()));
     }
 
     fn heartbeat(text: &str) -> Option<f64> {
