@@ -1,7 +1,8 @@
 //! The NRI front end's pods: one [`PodChecks`] per pod it checks — the wrapper's own per-pod
 //! checks, state and outputs — made as the pod is first seen, dropped when it is removed, all
 //! on one [`NodeChecks`]: one topology (and one refresher thread), one state writer thread,
-//! one API server client and one Events writer for the node, however many pods it checks.
+//! one metrics writer thread, one API server client and one Events writer for the node,
+//! however many pods it checks.
 //! Which pods: those of `nri_runtime_handlers` (all when empty), except a pod the wrapper
 //! serves (its state names a running wrapper daemon): that pod is checked once, by the
 //! wrapper, which also sees the VM.

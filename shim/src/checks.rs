@@ -5,8 +5,9 @@
 //! phases do, through [`Pod`].
 //!
 //! Such a front end serves every pod of the node from one process: its pods share one
-//! [`NodeChecks`] — one topology and its refresher thread, one state writer thread, one API
-//! server client and one Kubernetes Events writer — where each wrapper daemon has its own.
+//! [`NodeChecks`] — one topology and its refresher thread, one state writer thread, one metrics
+//! writer thread (each pod its own textfile), one API server client and one Kubernetes Events
+//! writer — where each wrapper daemon has its own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use kata_topo_core::config::{Config, Resolved};
 use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::state::GroupState;
 use kata_topo_core::{ContainerSpec, Resources};
-use kata_topo_sinks::{Drops, Events, Metrics};
+use kata_topo_sinks::{Drops, Events, MetricsWriter};
 use slog::Logger;
 
 use crate::pod::{Node, Outcome, Outputs, Pod};
@@ -61,6 +62,8 @@ pub struct NodeChecks {
     resolved: Resolved,
     kata: KataConfig,
     sinks: Sinks,
+    /// The one thread that writes every pod's metrics textfile (with `metrics_dir`).
+    metrics: MetricsWriter,
 }
 
 impl NodeChecks {
@@ -71,11 +74,16 @@ impl NodeChecks {
         let node = Node::new(&resolved.config, sinks.log.clone(), sinks.drops.clone());
         node.refresh();
         node.spawn_refresher();
+        let metrics = match &resolved.config.metrics_dir {
+            Some(dir) => MetricsWriter::textfiles(dir, sinks.drops.clone()),
+            None => MetricsWriter::off(),
+        };
         Self {
             node,
             resolved,
             kata,
             sinks: sinks.clone(),
+            metrics,
         }
     }
 
@@ -93,17 +101,14 @@ impl NodeChecks {
 impl PodChecks {
     /// The checks of pod `sandbox_id` in containerd namespace `namespace` on `node`'s shared
     /// parts, with its state under `state_dir` as the wrapper keeps it, its own metrics
-    /// textfile (a front end that serves many pods makes one per pod as it learns of it).
+    /// textfile written by the node's metrics writer (a front end that serves many pods adds
+    /// one per pod as it learns of it).
     pub fn new(node: &NodeChecks, namespace: &str, sandbox_id: &str) -> Self {
         let sinks = &node.sinks;
-        let metrics = match &node.resolved.config.metrics_dir {
-            Some(dir) => Metrics::textfile(dir, namespace, sandbox_id, sinks.drops.clone()),
-            None => Metrics::off(),
-        };
         let outputs = Outputs {
             log: sinks.log.clone(),
             events: sinks.events.clone(),
-            metrics,
+            metrics: node.metrics.textfile(namespace, sandbox_id),
             drops: sinks.drops.clone(),
         };
         let pod = Pod::on_node(
