@@ -374,6 +374,13 @@ fn the_nri_daemonset_runs_flags_the_binary_has_on_a_configuration_the_core_reads
     assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
     assert!(sc["capabilities"]["add"].is_null());
 
+    let env = c["env"].as_sequence().expect("env");
+    assert!(
+        env.iter()
+            .any(|v| v["name"].as_str() == Some("MALLOC_ARENA_MAX")
+                && v["value"].as_str() == Some("1")),
+        "one malloc arena, as the wrapper's daemon runs: {env:?}"
+    );
     let command = strings(&c["command"]);
     assert_eq!(command[0], "/usr/local/bin/kata-topo-nri");
     let binary = kata_topo_integration::bin_dir().join("kata-topo-nri");

@@ -743,6 +743,18 @@ fn the_nri_daemonset_runs_the_plugin_without_capabilities_on_the_paths_it_mounts
             }
         })
         .collect();
+    // The container's environment, as the runtime sets it.
+    let env: Vec<(String, String)> = container["env"]
+        .as_sequence()
+        .map(|e| {
+            e.iter()
+                .map(|v| {
+                    let s = |k: &str| v[k].as_str().expect("a name and a value").to_string();
+                    (s("name"), s("value"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     // drop: [ALL] and allowPrivilegeEscalation: false, as the runtime applies them.
     let child = Command::new("setpriv")
         .args([
@@ -754,6 +766,7 @@ fn the_nri_daemonset_runs_the_plugin_without_capabilities_on_the_paths_it_mounts
         ])
         .arg(&binary)
         .args(&args)
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("nri.out"))
         .stderr(out)
