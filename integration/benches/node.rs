@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{Containerd, Cri, Guard};
-use pods::{knob, loadavg, remove_all, wave};
+use pods::{knob, loadavg, remove_all, wave, Leg};
 
 /// utime + stime of a process or a thread (`/proc/PID/stat` or `/proc/PID/task/TID/stat`), in
 /// clock ticks.
@@ -71,14 +71,6 @@ fn thread_ns(pid: u32, prefix: &str) -> u64 {
 
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-struct Handler {
-    name: &'static str,
-    handler: &'static str,
-    tag: &'static str,
-    starts: Vec<Duration>,
-    pods: Vec<String>,
 }
 
 fn main() {
@@ -135,47 +127,19 @@ fn main() {
 
     let mut clients: Vec<Cri> = (0..parallel).map(|_| c.cri()).collect();
     let mut handlers = [
-        Handler {
-            name: "runc (the delegate)",
-            handler: "runc",
-            tag: "runc",
-            starts: Vec::new(),
-            pods: Vec::new(),
-        },
-        Handler {
-            name: "kata-topo",
-            handler: "kata-topo",
-            tag: "kt",
-            starts: Vec::new(),
-            pods: Vec::new(),
-        },
+        Leg::new("runc (the delegate)", "runc", "node-runc"),
+        Leg::new("kata-topo", "kata-topo", "node-kt"),
     ];
     // Warm-up: one pod each (images, page cache, the node-wide topology cache), removed.
     for h in &handlers {
-        let names = vec![format!("warm-{}", h.tag)];
+        let names = vec![format!("warm-{}", h.prefix)];
         let started = wave(&mut clients[..1], h.handler, &names);
         remove_all(&mut clients[..1], &[started[0].0.clone()]);
     }
 
     // 1. Waves of `parallel`, alternating which handler goes first.
     let started_all = Instant::now();
-    let mut first = 0;
-    let mut round = 0;
-    while first < pods {
-        let n = parallel.min(pods - first);
-        for k in 0..handlers.len() {
-            let h = &mut handlers[(round + k) % 2];
-            let names: Vec<String> = (first..first + n)
-                .map(|i| format!("node-{}-{i}", h.tag))
-                .collect();
-            for (pod, d) in wave(&mut clients[..n], h.handler, &names) {
-                h.pods.push(pod);
-                h.starts.push(d);
-            }
-        }
-        first += n;
-        round += 1;
-    }
+    pods::interleaved(&mut clients, &mut handlers, pods, |_| {});
     let start_secs = started_all.elapsed().as_secs_f64();
     println!(
         "\n(1) start: RunPodSandbox + CreateContainer + StartContainer per pod, {parallel} in parallel ({:.0} s for all {})",

@@ -10,10 +10,20 @@
 //! Then the node with many pods (`KT_BENCH_PODS`, 100), on the plain `runc` handler, started
 //! `KT_BENCH_PARALLEL` (10) at a time over CRI as the wrapper's node-scale bench starts them
 //! (`node.rs`), in a containerd with NRI on and the live topology (through the node-wide
-//! cache), metrics on, as the DaemonSet runs the plugin: once with no plugin connected, once
-//! with `kata-topo-nri` connected and checking every pod. Prints the start times (median, p95,
-//! max) of both and their ratios, and the plugin's memory — PSS (`smaps_rollup`), RSS and
-//! threads — connected with no pod, with every pod, and once they are all removed.
+//! cache), metrics on, as the DaemonSet runs the plugin:
+//!
+//! 1. start: `KT_BENCH_PODS` pods with no plugin connected and as many with `kata-topo-nri`
+//!    connected and checking every pod, in waves interleaved as `node.rs` interleaves its
+//!    handlers (which leg goes first alternating every round): the plugin is started and
+//!    registered before a wave of its leg and stopped (SIGTERM: it closes its connection)
+//!    before a wave of the other, both legs on an equally full node under the same load.
+//!    Before every wave of either leg, a pause (`KT_BENCH_SETTLE_MS`, 1000 ms) lets a plugin
+//!    just started (which synchronises with every pod running) or stopped settle. Prints the
+//!    start times (median, p95, max) of both and their ratios.
+//! 2. memory: once every pod is removed, a new plugin connected with no pod, then with
+//!    `KT_BENCH_PODS` pods it checks, then once they are all removed: its PSS
+//!    (`smaps_rollup`), RSS and threads, and where the PSS is (`smaps`: the binary's text
+//!    and data, the libraries, the heap, the thread stacks, other anonymous memory).
 //!
 //! Targets (figures, not tests): the plugin's PSS with 100 pods <= 5 MiB; start ratio to the
 //! plain handler <= 1.02 at the median and the p95.
@@ -28,14 +38,22 @@ use kata_topo_integration::{
 
 mod pods;
 mod stats;
-use pods::{kb_field, knob, loadavg, mib, pss_kb, remove_all, rss_kb, start_pods};
+use pods::{kb_field, knob, loadavg, mib, pss_kb, remove_all, rss_kb, start_pods, Leg};
 use stats::{ms, percentile};
 
 struct Plugin(Child);
 
+/// How many of the log's lines are `event`.
+fn events(c: &Containerd, event: &str) -> usize {
+    c.log_lines().iter().filter(|l| l["event"] == event).count()
+}
+
 impl Plugin {
-    /// `kata-topo-nri` on `c`'s configuration and NRI socket, registered.
+    /// `kata-topo-nri` on `c`'s configuration and NRI socket, registered and synchronised
+    /// with the pods running.
     fn start(c: &Containerd, debug: bool) -> Self {
+        let (registered, synchronized) =
+            (events(c, "nri-registered"), events(c, "nri-synchronized"));
         let mut cmd = Command::new(bin_dir().join("kata-topo-nri"));
         cmd.arg("--config")
             .arg(&c.config)
@@ -51,12 +69,27 @@ impl Plugin {
             .spawn()
             .expect("start kata-topo-nri");
         let plugin = Self(child);
-        let registered = || c.log_lines().iter().any(|l| l["event"] == "nri-registered");
+        let ready = || {
+            events(c, "nri-registered") > registered && events(c, "nri-synchronized") > synchronized
+        };
         assert!(
-            eventually(Duration::from_secs(30), registered),
-            "the plugin registered"
+            eventually(Duration::from_secs(60), ready),
+            "the plugin registered and synchronised"
         );
         plugin
+    }
+
+    /// Stops it as the kubelet stops the DaemonSet's pod (SIGTERM: it closes its connection,
+    /// containerd goes on without it), killed when it has not exited within 10 s.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let exited = eventually(Duration::from_secs(10), || {
+            matches!(self.0.try_wait(), Ok(Some(_)))
+        });
+        if !exited {
+            eprintln!("kata-topo-nri did not exit on SIGTERM within 10 s; killed");
+        }
     }
 
     /// PSS and RSS in kB, and threads.
@@ -64,6 +97,96 @@ impl Plugin {
         let pid = [self.0.id()];
         let threads = kb_field(Path::new(&format!("/proc/{}/status", pid[0])), "Threads:");
         (pss_kb(&pid), rss_kb(&pid), threads)
+    }
+
+    /// Where its PSS is, in kB, by kind of mapping (`smaps`).
+    fn breakdown(&self) -> Breakdown {
+        Breakdown::of(self.0.id())
+    }
+}
+
+/// A process's PSS by kind of mapping, in kB.
+#[derive(Debug, Default, Clone, Copy)]
+struct Breakdown {
+    /// The binary's executable pages.
+    text: u64,
+    /// The binary's other pages (read-only data, relocations, its data).
+    data: u64,
+    /// Other files mapped: the C library, the loader, hwloc.
+    libs: u64,
+    /// The main malloc arena (`[heap]`).
+    heap: u64,
+    /// Anonymous mappings right after a guard page: the threads' stacks.
+    stacks: u64,
+    /// How many mappings those are.
+    stack_maps: u64,
+    /// The main thread's stack.
+    main_stack: u64,
+    /// Every other anonymous mapping (malloc's mmap'd chunks and other arenas).
+    anon: u64,
+}
+
+impl Breakdown {
+    fn of(pid: u32) -> Self {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+        let binary = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let mut b = Self::default();
+        // (perms, path) of the mapping whose fields follow, and whether a guard page (no
+        // access, no file) was right before it.
+        let mut current: Option<(String, String, bool)> = None;
+        let mut guard_before = false;
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let first = parts.next().unwrap_or("");
+            if first.contains('-') && !first.ends_with(':') {
+                let perms = parts.next().unwrap_or("").to_string();
+                let path = parts.nth(3).unwrap_or("").to_string();
+                let guard = perms.starts_with("---") && path.is_empty();
+                current = Some((perms, path, guard_before));
+                guard_before = guard;
+                continue;
+            }
+            let (Some((perms, path, after_guard)), Some(kb)) = (
+                &current,
+                line.strip_prefix("Pss:")
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()),
+            ) else {
+                continue;
+            };
+            if Path::new(path) == binary {
+                if perms.contains('x') {
+                    b.text += kb;
+                } else {
+                    b.data += kb;
+                }
+            } else if path.starts_with('/') {
+                b.libs += kb;
+            } else if path == "[heap]" {
+                b.heap += kb;
+            } else if path == "[stack]" {
+                b.main_stack += kb;
+            } else if path.is_empty() && *after_guard && perms.starts_with("rw") {
+                b.stacks += kb;
+                b.stack_maps += 1;
+            } else {
+                b.anon += kb;
+            }
+        }
+        b
+    }
+
+    fn print(&self, when: &str) {
+        println!(
+            "    {when:<20} binary text {:.2}, binary data {:.2}, libraries {:.2}, heap {:.2}, thread stacks {:.2} ({} mappings), main stack {:.2}, other anonymous {:.2} MiB",
+            mib(self.text),
+            mib(self.data),
+            mib(self.libs),
+            mib(self.heap),
+            mib(self.stacks),
+            self.stack_maps,
+            mib(self.main_stack),
+            mib(self.anon)
+        );
     }
 }
 
@@ -222,10 +345,11 @@ fn updates_bench(n: usize) {
     cri.remove_pod(&pod);
 }
 
-/// `pods` pods on the plain `runc` handler, `parallel` at a time: without the plugin, then
-/// with it; their start times and the plugin's memory.
+/// `pods` pods on the plain `runc` handler, `parallel` at a time: without the plugin and with
+/// it, wave by wave; then the plugin's memory with as many pods.
 fn node_bench(pods: usize, parallel: usize) {
     let parallel = parallel.min(pods);
+    let settle = Duration::from_millis(knob("KT_BENCH_SETTLE_MS", 1000) as u64);
     let c = Containerd::start(Guard {
         under: Some(workspace().join("target/nri-bench")),
         metrics: true,
@@ -242,14 +366,54 @@ fn node_bench(pods: usize, parallel: usize) {
     let (warm, _) = start_pods(&mut clients[..1], "runc", "warm", 1);
     remove_all(&mut clients[..1], &warm);
 
-    let (ids, without) = start_pods(&mut clients, "runc", "plain", pods);
-    remove_all(&mut clients, &ids);
+    // 1. The legs wave by wave, the plugin connected for its leg's waves only.
+    let mut legs = [
+        Leg::new("runc, no plugin", "runc", "plain"),
+        Leg::new("runc, kata-topo-nri", "runc", "nri"),
+    ];
+    let mut plugin: Option<Plugin> = None;
+    let (mut starts, mut stops) = (0, 0);
+    let started_all = Instant::now();
+    pods::interleaved(&mut clients, &mut legs, pods, |leg| {
+        match (leg, plugin.take()) {
+            (1, None) => {
+                plugin = Some(Plugin::start(&c, false));
+                starts += 1;
+            }
+            (1, running) => plugin = running,
+            (_, Some(running)) => {
+                running.stop();
+                stops += 1;
+            }
+            (_, None) => {}
+        }
+        std::thread::sleep(settle);
+    });
+    let start_secs = started_all.elapsed().as_secs_f64();
+    if let Some(p) = plugin.take() {
+        p.stop();
+    }
+    let all: Vec<String> = legs.iter().flat_map(|l| l.pods.clone()).collect();
+    remove_all(&mut clients, &all);
+    println!(
+        "\n(1) start: RunPodSandbox + CreateContainer + StartContainer per pod, the legs wave by wave ({:.0} s for all {}; the plugin started {starts} times, stopped {stops}; {} ms before each wave)",
+        start_secs,
+        all.len(),
+        settle.as_millis()
+    );
+    pods::print_header();
+    let without = legs[0].starts.clone();
+    pods::print_row(legs[0].name, &without, &without);
+    let (med, p95, _) = pods::print_row(legs[1].name, &legs[1].starts, &without);
+    println!("    load average {} after the starts", loadavg());
 
+    // 2. The plugin's memory: connected with no pod, with every pod, every pod removed.
     let plugin = Plugin::start(&c, false);
     // What the plugin holds connected, before any pod (the topology loaded at its start).
     std::thread::sleep(Duration::from_secs(2));
     let idle = plugin.memory();
-    let (ids, with) = start_pods(&mut clients, "runc", "nri", pods);
+    let idle_where = plugin.breakdown();
+    let (ids, _) = start_pods(&mut clients, "runc", "mem", pods);
     // Every pod checked: its state written (the sandbox's baseline, for `kata-topo status`).
     let checked = || {
         ids.iter()
@@ -265,28 +429,33 @@ fn node_bench(pods: usize, parallel: usize) {
     let all_checked = eventually(Duration::from_secs(60), || checked() == ids.len());
     std::thread::sleep(Duration::from_secs(2));
     let full = plugin.memory();
+    let full_where = plugin.breakdown();
     let checked_n = checked();
-    let skipped = c
-        .log_lines()
+    // Each checked pod's own textfile, written by the plugin's one metrics thread.
+    let metrics_files = ids
         .iter()
-        .filter(|l| l["event"] == "nri-pod-skipped")
+        .filter(|id| {
+            c.metrics_dir
+                .join(kata_topo_sinks::metrics::file_name("k8s.io", id))
+                .exists()
+        })
         .count();
+    let skipped = events(&c, "nri-pod-skipped");
     remove_all(&mut clients, &ids);
     std::thread::sleep(Duration::from_secs(2));
     let after = plugin.memory();
+    let after_where = plugin.breakdown();
     drop(plugin);
 
-    println!("\n(1) start: RunPodSandbox + CreateContainer + StartContainer per pod");
-    pods::print_header();
-    pods::print_row("runc, no plugin", &without, &without);
-    let (med, p95, _) = pods::print_row("runc, kata-topo-nri", &with, &without);
     println!(
-        "    pods checked (their state written): {} of {}{}; skipped: {skipped}",
+        "\n(2) the plugin's memory (a new plugin; {pods} pods started {parallel} at a time with it)"
+    );
+    println!(
+        "    pods checked (their state written): {} of {}{}; metrics textfiles: {metrics_files}; skipped: {skipped}",
         checked_n,
         ids.len(),
         if all_checked { "" } else { " (NOT all)" }
     );
-    println!("\n(2) the plugin's memory");
     for (when, (pss, rss, threads)) in [
         ("connected, no pod", idle),
         ("with every pod", full),
@@ -303,6 +472,10 @@ fn node_bench(pods: usize, parallel: usize) {
         full.0.saturating_sub(idle.0) as f64 / pods as f64,
         full.1.saturating_sub(idle.1) as f64 / pods as f64
     );
+    println!("  where the PSS is (smaps):");
+    idle_where.print("connected, no pod");
+    full_where.print("with every pod");
+    after_where.print("every pod removed");
     let mark = |met: bool| if met { "met" } else { "NOT met" };
     println!(
         "\ntargets (figures, not tests) — load average {} at the end",

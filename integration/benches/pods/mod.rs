@@ -112,6 +112,66 @@ pub fn start_pods(
     (pods, starts)
 }
 
+/// One side of an interleaved start measurement: pods named `<prefix>-<i>` on `handler`,
+/// and what they became.
+#[derive(Debug)]
+pub struct Leg {
+    /// The row's name.
+    pub name: &'static str,
+    /// The runtime handler.
+    pub handler: &'static str,
+    /// The pods' name prefix.
+    pub prefix: &'static str,
+    /// The pods started, in order.
+    pub pods: Vec<String>,
+    /// Their start times.
+    pub starts: Vec<Duration>,
+}
+
+impl Leg {
+    /// A leg with no pod yet.
+    pub fn new(name: &'static str, handler: &'static str, prefix: &'static str) -> Self {
+        Self {
+            name,
+            handler,
+            prefix,
+            pods: Vec::new(),
+            starts: Vec::new(),
+        }
+    }
+}
+
+/// `count` pods per leg in waves of `clients.len()`, the legs taking turns wave by wave
+/// (which one goes first alternating every round), so that every leg starts its pods on an
+/// equally full node and under the same machine load; `before(i)` runs before each wave of
+/// leg `i` (to connect or disconnect a plugin, say).
+pub fn interleaved(
+    clients: &mut [Cri],
+    legs: &mut [Leg],
+    count: usize,
+    mut before: impl FnMut(usize),
+) {
+    let mut first = 0;
+    let mut round = 0;
+    while first < count {
+        let n = clients.len().min(count - first);
+        for k in 0..legs.len() {
+            let i = (round + k) % legs.len();
+            before(i);
+            let leg = &mut legs[i];
+            let names: Vec<String> = (first..first + n)
+                .map(|j| format!("{}-{j}", leg.prefix))
+                .collect();
+            for (pod, d) in wave(&mut clients[..n], leg.handler, &names) {
+                leg.pods.push(pod);
+                leg.starts.push(d);
+            }
+        }
+        first += n;
+        round += 1;
+    }
+}
+
 /// Stops and removes pods, `clients.len()` at a time.
 pub fn remove_all(clients: &mut [Cri], pods: &[String]) {
     for chunk in pods.chunks(clients.len().max(1)) {
