@@ -170,12 +170,16 @@ impl Front {
         checks.remove(&container.id);
     }
 
-    /// `RemovePodSandbox`: the pod's state and metrics go.
+    /// `RemovePodSandbox`: the pod's state and metrics go, and the memory its checks held
+    /// goes back to the system.
     pub fn remove_pod(&self, pod: &nri::PodSandbox) {
         if let Some(Watch::Checked(checks)) = self.lock().remove(&pod.id) {
             checks.remove(&pod.id);
             checks.forget();
+        } else {
+            return;
         }
+        crate::malloc::trim();
     }
 
     /// Waits, until `deadline`, for every pod's state mirror to catch up.

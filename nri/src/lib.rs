@@ -7,9 +7,11 @@
 //! - [`session`]: one connection — registration, then the runtime's requests, each answered
 //!   within the budget;
 //! - [`front`]: the pods checked here, and what each request does to them;
-//! - [`translate`]: NRI's pod, container and resources as the core reads them.
+//! - [`translate`]: NRI's pod, container and resources as the core reads them;
+//! - `malloc`: one malloc arena, and the heap's free pages given back once a pod is removed.
 
 pub mod front;
+mod malloc;
 pub mod mux;
 mod run;
 pub mod session;

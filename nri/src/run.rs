@@ -57,27 +57,10 @@ fn args() -> Result<Option<Args>, String> {
     Ok(Some(out))
 }
 
-/// One malloc arena for all of the plugin's threads, as the wrapper's daemon runs with
-/// `MALLOC_ARENA_MAX=1`: glibc gives each thread that allocates an arena of its own (up to
-/// eight per core), each holding on to what it once had; the plugin allocates little and
-/// rarely, on a request's thread and its writers, so the extra arenas only add to what it
-/// keeps resident for the node. Set here, before any thread exists, so that it holds
-/// however the plugin is started (the DaemonSet sets the variable as well).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[expect(unsafe_code, reason = "glibc's mallopt has no safe binding")]
-fn one_malloc_arena() {
-    // SAFETY: mallopt only sets a malloc tunable; it takes two integers and touches no
-    // memory of ours. Called first in the process, before any other thread could allocate.
-    let _ = unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn one_malloc_arena() {}
-
 /// Runs the plugin until SIGTERM or SIGINT (exit 0), or a configuration it cannot use
 /// (exit 2, with the reason on stderr).
 pub fn real_main() -> ExitCode {
-    one_malloc_arena();
+    crate::malloc::one_arena();
     let args = match args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
