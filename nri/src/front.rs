@@ -179,6 +179,7 @@ impl Front {
         } else {
             return;
         }
+        self.node.prune();
         crate::malloc::trim();
     }
 

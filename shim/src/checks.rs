@@ -96,6 +96,12 @@ impl NodeChecks {
     pub fn pods(&self) -> usize {
         self.node.pods()
     }
+
+    /// Lets go at once of what is left of the pods whose checks were dropped (a front end
+    /// calls it after a pod's removal).
+    pub fn prune(&self) {
+        self.node.prune();
+    }
 }
 
 impl PodChecks {

@@ -176,6 +176,15 @@ impl Node {
         pods.push(Arc::downgrade(pod));
     }
 
+    /// Lets go of the pods dropped since: what is left of each (held for its weak reference)
+    /// is freed now rather than when the next pod joins.
+    pub(crate) fn prune(&self) {
+        self.pods
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| p.strong_count() > 0);
+    }
+
     /// Loads the topology now (or finds the machine unchanged) and tells every pod.
     pub(crate) fn refresh(&self) {
         let ok = self.host.refresh(&self.log, &Metrics::off(), None);
@@ -1073,6 +1082,12 @@ mod tests {
         assert_eq!(kept.tasks.len(), 2, "b's state still written");
         drop(a);
         assert_eq!(node.pods(), 1);
+        node.prune();
+        assert_eq!(
+            node.pods.lock().expect("pods").len(),
+            1,
+            "a dropped pod is let go of at once"
+        );
         // A refresh reaches the pods still there, and only those.
         node.refresh();
         assert!(b.host.current().0.is_some());
