@@ -26,25 +26,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kata_topo_integration::{Containerd, Cri, Guard};
-use pods::{knob, loadavg, remove_all, wave, Leg};
-
-/// utime + stime of a process or a thread (`/proc/PID/stat` or `/proc/PID/task/TID/stat`), in
-/// clock ticks.
-fn ticks(stat: &Path) -> u64 {
-    let text = std::fs::read_to_string(stat).unwrap_or_default();
-    // After the command name (which may hold spaces) in parentheses: state is field 3, utime 14.
-    let fields: Vec<&str> = text
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let at = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    at(11) + at(12)
-}
+use pods::{knob, loadavg, remove_all, ticks, wave, Leg};
 
 /// The CPU time, in ns, of a process's threads whose name starts with `prefix` (the
 /// scheduler's own count, `schedstat`'s first field: exact where utime and stime are sampled at

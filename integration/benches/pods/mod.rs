@@ -41,6 +41,24 @@ pub fn kb_field(path: &Path, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// utime + stime of a process or a thread (`/proc/PID/stat` or `/proc/PID/task/TID/stat`), in
+/// clock ticks.
+pub fn ticks(stat: &Path) -> u64 {
+    let text = std::fs::read_to_string(stat).unwrap_or_default();
+    // After the command name (which may hold spaces) in parentheses: state is field 3, utime 14.
+    let fields: Vec<&str> = text
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let at = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    at(11) + at(12)
+}
+
 /// The proportional set size of processes, in kB (a page shared by n processes counts 1/n
 /// to each, so the sum is what the node pays).
 pub fn pss_kb(pids: &[u32]) -> u64 {
