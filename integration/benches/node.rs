@@ -65,18 +65,7 @@ fn main() {
     let pods = knob("KT_BENCH_PODS", 100);
     let parallel = knob("KT_BENCH_PARALLEL", 10).min(pods);
     let idle = Duration::from_secs(knob("KT_BENCH_IDLE_SECONDS", 60) as u64);
-    // USER_HZ, the unit of /proc's utime and stime (100 on every Linux ABI kata-topo runs on).
-    let tick = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(100.0);
+    let tick = pods::clock_ticks();
 
     let waited = Instant::now();
     let c = Containerd::start(Guard::default());

@@ -111,6 +111,12 @@ impl Plugin {
         }
     }
 
+    /// The CPU time it took so far (utime + stime, every thread's), in ms.
+    fn cpu_ms(&self) -> f64 {
+        ticks(Path::new(&format!("/proc/{}/stat", self.0.id()))) as f64 * 1000.0
+            / pods::clock_ticks()
+    }
+
     /// PSS and RSS in kB, and threads.
     fn memory(&self) -> (u64, u64, u64) {
         let pid = [self.0.id()];
@@ -436,6 +442,7 @@ fn node_bench(pods: usize, parallel: usize) {
     std::thread::sleep(Duration::from_secs(2));
     let idle = plugin.memory();
     let idle_where = plugin.breakdown();
+    let cpu_before = plugin.cpu_ms();
     let (ids, _) = start_pods(&mut clients, "runc", "mem", pods);
     // Every pod checked: its state written (the sandbox's baseline, for `kata-topo status`).
     let checked = || {
@@ -453,6 +460,7 @@ fn node_bench(pods: usize, parallel: usize) {
     std::thread::sleep(Duration::from_secs(2));
     let full = plugin.memory();
     let full_where = plugin.breakdown();
+    let cpu_started = plugin.cpu_ms();
     let checked_n = checked();
     // Each checked pod's own textfile, written by the plugin's one metrics thread.
     let metrics_files = ids
@@ -468,6 +476,7 @@ fn node_bench(pods: usize, parallel: usize) {
     std::thread::sleep(Duration::from_secs(2));
     let after = plugin.memory();
     let after_where = plugin.breakdown();
+    let cpu_removed = plugin.cpu_ms();
     drop(plugin);
 
     println!(
@@ -494,6 +503,11 @@ fn node_bench(pods: usize, parallel: usize) {
         "    per pod: PSS {:.1} KiB, RSS {:.1} KiB",
         full.0.saturating_sub(idle.0) as f64 / pods as f64,
         full.1.saturating_sub(idle.1) as f64 / pods as f64
+    );
+    println!(
+        "    its CPU time (utime + stime): {:.1} ms per pod started and checked, {:.1} ms per pod removed",
+        (cpu_started - cpu_before) / pods as f64,
+        (cpu_removed - cpu_started) / pods as f64
     );
     println!("  where the PSS is (smaps):");
     idle_where.print("connected, no pod");

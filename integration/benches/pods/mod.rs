@@ -59,6 +59,21 @@ pub fn ticks(stat: &Path) -> u64 {
     at(11) + at(12)
 }
 
+/// USER_HZ, the unit of `/proc`'s utime and stime (100 on every Linux ABI kata-topo runs on).
+pub fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(100.0)
+}
+
 /// The proportional set size of processes, in kB (a page shared by n processes counts 1/n
 /// to each, so the sum is what the node pays).
 pub fn pss_kb(pids: &[u32]) -> u64 {
