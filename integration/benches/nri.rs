@@ -21,10 +21,11 @@
 //!    its leg's wave waits until it takes no more CPU time. Before every wave of either leg,
 //!    a pause (`KT_BENCH_SETTLE_MS`, 1000 ms). Prints the start times (median, p95, max) of
 //!    both and their ratios.
-//! 2. memory: once every pod is removed, a new plugin connected with no pod, then with
-//!    `KT_BENCH_PODS` pods it checks, then once they are all removed: its PSS
-//!    (`smaps_rollup`), RSS and threads, and where the PSS is (`smaps`: the binary's text
-//!    and data, the libraries, the heap, the thread stacks, other anonymous memory).
+//! 2. memory: once every pod is removed, a new plugin (with `--debug`, for its answer times)
+//!    connected with no pod, then with `KT_BENCH_PODS` pods it checks, then once they are
+//!    all removed: its PSS (`smaps_rollup`), RSS and threads, and where the PSS is (`smaps`:
+//!    the binary's text and data, the libraries, the heap, the thread stacks, other anonymous
+//!    memory); its CPU time per pod; its answer time to each pod's CreateContainer.
 //!
 //! Targets (figures, not tests): the plugin's PSS with 100 pods <= 5 MiB; start ratio to the
 //! plain handler <= 1.02 at the median and the p95.
@@ -436,8 +437,10 @@ fn node_bench(pods: usize, parallel: usize) {
     let (med, p95, _) = pods::print_row(legs[1].name, &legs[1].starts, &without);
     println!("    load average {} after the starts", loadavg());
 
-    // 2. The plugin's memory: connected with no pod, with every pod, every pod removed.
-    let plugin = Plugin::start(&c, false);
+    // 2. The plugin's memory: connected with no pod, with every pod, every pod removed. With
+    // its debug lines: its answer to each pod's CreateContainer timed.
+    let answered_before = micros(&c, "nri-answered", |l| l["method"] == "CreateContainer").len();
+    let plugin = Plugin::start(&c, true);
     // What the plugin holds connected, before any pod (the topology loaded at its start).
     std::thread::sleep(Duration::from_secs(2));
     let idle = plugin.memory();
@@ -508,6 +511,11 @@ fn node_bench(pods: usize, parallel: usize) {
         "    its CPU time (utime + stime): {:.1} ms per pod started and checked, {:.1} ms per pod removed",
         (cpu_started - cpu_before) / pods as f64,
         (cpu_removed - cpu_started) / pods as f64
+    );
+    let mut answers = micros(&c, "nri-answered", |l| l["method"] == "CreateContainer");
+    summary(
+        "    its answer to CreateContainer (from the request read to the answer written)",
+        answers.split_off(answered_before.min(answers.len())),
     );
     println!("  where the PSS is (smaps):");
     idle_where.print("connected, no pod");
