@@ -63,6 +63,8 @@ SHARE_DIR := $(PREFIX)/share/kata-topo
 # Prerequisites run in the order written: `deps` first, where a target names it.
 .NOTPARALLEL:
 
+# When this make started (make test's last line counts from it).
+MAKE_START := $(shell date +%s)
 # `$(TIMED) timed LABEL 'COMMAND'` runs COMMAND (a shell string), then prints
 # "== LABEL took N s" and returns COMMAND's status.
 TIMED := timed() { local label=$$1 start rc; start=$$(date +%s); eval "$$2"; rc=$$?; \
@@ -111,11 +113,10 @@ build:
 	$(CARGO) build --workspace --locked
 
 lint:
-	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	@$(TIMED) timed "lint" '$(CARGO) fmt --all -- --check && $(CARGO) clippy --workspace --all-targets --locked -- -D warnings'
 
 build-all:
-	$(CARGO) build --workspace --locked --bins
+	@$(TIMED) timed "build" '$(CARGO) build --workspace --locked --bins'
 
 # Property tests (proptest) run TEST_CASES cases each here, FUZZ_CASES in `make fuzz`.
 TEST_CASES ?= 256
@@ -127,8 +128,8 @@ TEST_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,/tmp)
 FUZZ_TMPDIR ?= $(TEST_TMPDIR)
 
 unit:
-	PROPTEST_CASES=$(TEST_CASES) TMPDIR=$(TEST_TMPDIR) $(CARGO) test --workspace --locked \
-	  --exclude kata-topo-integration
+	@$(TIMED) timed "unit" 'PROPTEST_CASES=$(TEST_CASES) TMPDIR=$(TEST_TMPDIR) $(CARGO) test --workspace --locked \
+	  --exclude kata-topo-integration'
 
 # The fast loop while changing the code: formatting, clippy and the unit tests. Needs no KVM,
 # no containerd and no package installed beyond what building needs; never runs apt.
@@ -198,7 +199,7 @@ $(VMLINUX): integration/guest-kernel.sh
 # A QEMU guest with two NUMA nodes, a vIOMMU and a NIC bound to vfio-pci: containerd, the
 # wrapper on the live topology, the Vagrant scenario. Report: target/vm-test/report.json.
 vm-test: deps build-all
-	bash integration/vm-test/run.sh
+	@$(TIMED) timed "vm-test" 'bash integration/vm-test/run.sh'
 
 # Kubernetes from source (k8s/): kubelet, kube-apiserver, kube-scheduler,
 # kube-controller-manager and kubectl at the version k8s/go.mod pins, the CNI plugins bridge,
@@ -233,8 +234,8 @@ promtool:
 # every rules file, promtool test rules, the PrometheusRule against the plain file, and every
 # queried metric against what the metrics code writes. Fails when there is no promtool.
 alerts-test: deps
-	@out=$$(bash tools/promtool.sh) && \
-	  KT_PROMTOOL=$$(tail -n 1 <<< "$$out") $(CARGO) test -p kata-topo-integration --locked --test alerts
+	@$(TIMED) out=$$(bash tools/promtool.sh) && \
+	  timed "alerts-test" 'KT_PROMTOOL=$$(tail -n 1 <<< "$$out") $(CARGO) test -p kata-topo-integration --locked --test alerts'
 
 # The vm-test guest made a Kubernetes node: the kubelet of make k8s, the device plugin,
 # containerd with the wrapper and the CNI bridge; etcd, kube-apiserver, kube-scheduler and
@@ -351,7 +352,9 @@ k8s-record: deps build-all k8s
 	echo "k8s-record: $$(ls $(K8S_RECORDINGS)/kubelet-$$v | wc -l) files in $(K8S_RECORDINGS)/kubelet-$$v"
 
 # deps once, then each leg in this order.
+# Each phase prints its time (`== PHASE took N s`); the last line the whole run's.
 test: deps lint alerts-test unit integration vm-test k8s-test kata-test
+	@echo "== make test took $$(( $$(date +%s) - $(MAKE_START) )) s"
 
 # The wrapper benchmark runs once per containerd the integration tests use: Debian's, then
 # containerd 2.3.4 from its archive (when it is there), then each directory of
