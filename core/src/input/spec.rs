@@ -1,10 +1,10 @@
 //! What a request asks: an OCI spec (create) or an OCI `LinuxResources` (update), turned into
 //! plain domain types at this one boundary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{LinuxResources, Spec};
+use oci_spec::runtime::{LinuxDevice, LinuxResources};
 
 use crate::check::verdict::{PodRef, UpdateClass};
 use crate::host::sysfs::VfioRef;
@@ -27,6 +27,16 @@ pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
 pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 /// CRI annotation: the pod UID.
 pub const CRI_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+
+/// Whether the checks read annotation `key` once the spec is parsed: kata-topo's own
+/// (`kata-topo.io/…`; one it does not know is reported as ignored) and the
+/// `io.katacontainers.config.…` overrides Kata honours. CRI's names for the pod and the
+/// container are read as the spec is parsed, into its fields. A front end that keeps a
+/// container's spec for the container's lifetime (the NRI plugin, for every pod of the node)
+/// keeps only these.
+pub fn annotation_is_read(key: &str) -> bool {
+    key.starts_with("kata-topo.io/") || key.starts_with("io.katacontainers.config.")
+}
 
 /// Why a request could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +208,27 @@ pub struct BadDevice {
     pub reason: String,
 }
 
+/// The parts of an OCI spec (`config.json`) the checks read, each as the OCI types read it.
+/// The rest (the process, mounts, hooks) is not parsed: a field kata-topo does not read cannot
+/// fail a check, and the binaries do not carry its parsers (the process's alone link a
+/// regular expression engine).
+#[derive(Debug, serde::Deserialize)]
+struct SpecParts {
+    #[serde(default)]
+    annotations: Option<HashMap<String, String>>,
+    #[serde(default)]
+    linux: Option<LinuxParts>,
+}
+
+/// `linux` of [`SpecParts`].
+#[derive(Debug, serde::Deserialize)]
+struct LinuxParts {
+    #[serde(default)]
+    resources: Option<LinuxResources>,
+    #[serde(default)]
+    devices: Option<Vec<LinuxDevice>>,
+}
+
 /// An OCI spec reduced to what the checks need.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSpec {
@@ -235,25 +266,18 @@ impl ContainerSpec {
         }
     }
 
-    /// From the OCI type.
-    pub fn from_oci(spec: &Spec) -> Result<Self, RequestError> {
-        let annotations: BTreeMap<String, String> = spec
-            .annotations()
-            .as_ref()
-            .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
-        let linux = spec.linux().as_ref();
-        let resources = match linux.and_then(|l| l.resources().as_ref()) {
+    /// From the parts of an OCI spec the checks read.
+    fn from_parts(spec: SpecParts) -> Result<Self, RequestError> {
+        let annotations: BTreeMap<String, String> =
+            spec.annotations.unwrap_or_default().into_iter().collect();
+        let linux = spec.linux.as_ref();
+        let resources = match linux.and_then(|l| l.resources.as_ref()) {
             Some(r) => Resources::from_oci(r)?,
             None => Resources::default(),
         };
         let mut vfio = Vec::new();
         let mut bad_devices = Vec::new();
-        for dev in linux
-            .and_then(|l| l.devices().as_ref())
-            .into_iter()
-            .flatten()
-        {
+        for dev in linux.and_then(|l| l.devices.as_ref()).into_iter().flatten() {
             let path = dev.path().to_string_lossy();
             match VfioRef::from_path(&path) {
                 None => {}
@@ -301,11 +325,11 @@ impl ContainerSpec {
                 reason: "expected a JSON object".to_string(),
             });
         }
-        let spec: Spec = serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
+        let spec: SpecParts = serde_json::from_slice(bytes).map_err(|e| RequestError::Json {
             what: "OCI spec",
             reason: e.to_string(),
         })?;
-        Self::from_oci(&spec)
+        Self::from_parts(spec)
     }
 
     /// Reads [`ContainerSpec::from_json`] from a file (a bundle's `config.json`).
@@ -457,6 +481,37 @@ mod tests {
             err.to_string().contains("linux.resources.cpu.mems"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn what_the_checks_do_not_read_cannot_fail_them() {
+        // A process the OCI types would refuse (an execCPUAffinity that is no CPU list, a
+        // user that is no object), mounts of the wrong type: none of it is read.
+        let spec = ContainerSpec::from_json(
+            br#"{"ociVersion":"1.0.2","process":{"user":7,"execCPUAffinity":{"initial":"x"}},
+                "mounts":"none","annotations":{"kata-topo.io/policy":"strict"},
+                "linux":{"resources":{"cpu":{"cpus":"0-1"}},
+                         "devices":[{"path":"/dev/vfio/12","type":"c","major":240,"minor":0}]}}"#,
+        )
+        .expect("the parts read are valid");
+        assert_eq!(
+            spec.resources.cpus.map(|c| c.to_string()).as_deref(),
+            Some("0-1")
+        );
+        assert_eq!(spec.vfio.len(), 1);
+        assert_eq!(
+            spec.annotations
+                .get("kata-topo.io/policy")
+                .map(String::as_str),
+            Some("strict")
+        );
+        // The parts it reads are read as the OCI types read them.
+        let err = ContainerSpec::from_json(br#"{"linux":{"devices":[{"path":"/dev/vfio/12"}]}}"#)
+            .expect_err("a device without its type");
+        assert!(err.to_string().contains("type"), "{err}");
+        let err = ContainerSpec::from_json(br#"{"annotations":{"a":1}}"#)
+            .expect_err("an annotation that is no string");
+        assert!(err.to_string().contains("OCI spec is not valid"), "{err}");
     }
 
     /// Keys an OCI spec or a `LinuxResources` has, so generated JSON reaches deep.
