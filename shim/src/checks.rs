@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kata_topo_core::config::{Config, Resolved};
+use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::state::GroupState;
 use kata_topo_core::{ContainerSpec, Resources};
@@ -59,8 +59,10 @@ fn key(container_id: &str) -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct NodeChecks {
     node: Arc<Node>,
-    resolved: Resolved,
-    kata: KataConfig,
+    /// The configuration and Kata's, one copy for every pod.
+    config: Arc<Config>,
+    origin: (Option<PathBuf>, ConfigSource),
+    kata: Arc<KataConfig>,
     sinks: Sinks,
     /// The one thread that writes every pod's metrics textfile (with `metrics_dir`).
     metrics: MetricsWriter,
@@ -78,10 +80,16 @@ impl NodeChecks {
             Some(dir) => MetricsWriter::textfiles(dir, sinks.drops.clone()),
             None => MetricsWriter::off(),
         };
+        let Resolved {
+            config,
+            file,
+            source,
+        } = resolved;
         Self {
             node,
-            resolved,
-            kata,
+            config: Arc::new(config),
+            origin: (file, source),
+            kata: Arc::new(kata),
             sinks: sinks.clone(),
             metrics,
         }
@@ -89,7 +97,7 @@ impl NodeChecks {
 
     /// The node's configuration.
     pub fn config(&self) -> &Config {
-        &self.resolved.config
+        &self.config
     }
 
     /// How many pods' checks live on it now.
@@ -119,8 +127,9 @@ impl PodChecks {
         };
         let pod = Pod::on_node(
             &node.node,
-            node.resolved.clone(),
-            node.kata.clone(),
+            Arc::clone(&node.config),
+            node.origin.clone(),
+            Arc::clone(&node.kata),
             namespace,
             sandbox_id,
             outputs,

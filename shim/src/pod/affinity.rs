@@ -35,7 +35,8 @@ pub(crate) struct NodeRead {
 /// One pod's node-affinity check.
 #[derive(Debug)]
 pub(crate) struct NodeAffinity {
-    config: Config,
+    /// The node's configuration, shared with the pod's other checks.
+    config: Arc<Config>,
     /// The check as set up; one that was broken (a kubeconfig or a file it names unusable,
     /// mid-rotation) is set up again at each read until it is not.
     setup: Mutex<Arc<Setup>>,
@@ -46,9 +47,9 @@ impl NodeAffinity {
     /// The check against the API server of `setup` (as `config`, the node's
     /// `[topology_guard]`, sets it up), starting from the baseline a previous daemon of the pod
     /// kept.
-    pub(crate) fn new(setup: Arc<Setup>, config: &Config, kept: Option<LabelBaseline>) -> Self {
+    pub(crate) fn new(setup: Arc<Setup>, config: Arc<Config>, kept: Option<LabelBaseline>) -> Self {
         Self {
-            config: config.clone(),
+            config,
             setup: Mutex::new(setup),
             kept: Mutex::new(kept),
         }

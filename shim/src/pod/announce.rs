@@ -7,15 +7,36 @@
 //! The real kubelet retries a refused resize about once a second and pushes the container's
 //! cpuset again (a clean `noop`) between the retries; each retry is the same request, not news.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
+use std::hash::Hasher;
 use std::sync::Mutex;
 
 use kata_topo_core::{UpdateClass, Verdict};
 
-/// What was last announced, per task and class.
+/// What was last announced, per task and class: the findings and decision by a 64-bit hash of
+/// their JSON (a node-wide front end keeps one per container of every pod; two different
+/// verdicts of a task hash the same with a chance of one in 2^64).
 #[derive(Debug, Default)]
 pub(crate) struct Announcer {
-    announced: Mutex<HashMap<(String, String), String>>,
+    announced: Mutex<HashMap<(String, String), u64>>,
+}
+
+/// A verdict's findings and decision, hashed as their JSON is written (nothing allocated).
+fn signature(v: &Verdict) -> u64 {
+    struct Hashing(DefaultHasher);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.write(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = Hashing(DefaultHasher::new());
+    let _ = serde_json::to_writer(&mut h, &(&v.findings, v.decision()));
+    h.0.finish()
 }
 
 impl Announcer {
@@ -33,18 +54,18 @@ impl Announcer {
             }
             return false;
         }
-        let signature = serde_json::to_string(&(&v.findings, v.decision())).unwrap_or_default();
+        let sig = signature(v);
         if v.class == Some(UpdateClass::Noop)
             && announced
                 .iter()
-                .any(|((t, _), sig)| t == task_id && *sig == signature)
+                .any(|((t, _), s)| t == task_id && *s == sig)
         {
             return false;
         }
-        if announced.get(&key) == Some(&signature) {
+        if announced.get(&key) == Some(&sig) {
             return false;
         }
-        announced.insert(key, signature);
+        announced.insert(key, sig);
         true
     }
 

@@ -234,10 +234,12 @@ impl Node {
 /// The checks of one pod's wrapper daemon.
 #[derive(Debug)]
 pub(crate) struct Pod {
-    config: Config,
+    /// The configuration: the daemon's own, or shared by every pod of the node (the NRI
+    /// plugin's), as are Kata's.
+    config: Arc<Config>,
     /// Where the configuration came from, for the daemon's record.
     origin: (Option<PathBuf>, ConfigSource),
-    kata: KataConfig,
+    kata: Arc<KataConfig>,
     namespace: String,
     group: String,
     /// The topology: the pod's own (the wrapper's daemon), or its node's (the NRI plugin's).
@@ -301,9 +303,9 @@ impl Pod {
             pod_events,
         };
         let checks = Self::with_parts(
-            config,
+            Arc::new(config),
             (file, source),
-            kata,
+            Arc::new(kata),
             namespace,
             group,
             files,
@@ -323,17 +325,13 @@ impl Pod {
     /// writer; its API server reads and Events the node's. No VM view: no timer thread.
     pub(crate) fn on_node(
         node: &Arc<Node>,
-        resolved: Resolved,
-        kata: KataConfig,
+        config: Arc<Config>,
+        origin: (Option<PathBuf>, ConfigSource),
+        kata: Arc<KataConfig>,
         namespace: &str,
         group: &str,
         sinks: Outputs,
     ) -> Arc<Self> {
-        let Resolved {
-            config,
-            file,
-            source,
-        } = resolved;
         let files = Self::open_files(&config, namespace, group, &sinks.log);
         let log = sinks.log.clone();
         let sandbox = group.to_string();
@@ -347,25 +345,16 @@ impl Pod {
             api: Arc::clone(&node.api),
             pod_events: node.pod_events.clone(),
         };
-        let pod = Self::with_parts(
-            config,
-            (file, source),
-            kata,
-            namespace,
-            group,
-            files,
-            sinks,
-            parts,
-        );
+        let pod = Self::with_parts(config, origin, kata, namespace, group, files, sinks, parts);
         node.join(&pod);
         pod
     }
 
     #[allow(clippy::too_many_arguments)]
     fn with_parts(
-        config: Config,
+        config: Arc<Config>,
         origin: (Option<PathBuf>, ConfigSource),
-        kata: KataConfig,
+        kata: Arc<KataConfig>,
         namespace: &str,
         group: &str,
         files: Option<GroupState>,
@@ -377,7 +366,7 @@ impl Pod {
             origin,
             host: parts.host,
             sysfs: Sysfs::new(&config.sysfs_root),
-            affinity: NodeAffinity::new(parts.api, &config, store.label_baseline()),
+            affinity: NodeAffinity::new(parts.api, Arc::clone(&config), store.label_baseline()),
             pod_events: parts.pod_events,
             store,
             namespace: namespace.to_string(),
@@ -387,7 +376,7 @@ impl Pod {
             announcer: Announcer::default(),
             observer: Observer::new(),
             sinks,
-            kubelet: KubeletIntents::new(&config),
+            kubelet: KubeletIntents::new(Arc::clone(&config)),
             retries: Retries::new(RETRY_WINDOW),
             config,
             kata,
@@ -1037,15 +1026,11 @@ mod tests {
                 metrics: Metrics::off(),
                 drops: drops.clone(),
             };
-            let resolved = Resolved {
-                config: config.clone(),
-                file: None,
-                source: ConfigSource::Defaults,
-            };
             Pod::on_node(
                 &node,
-                resolved,
-                KataConfig::default(),
+                Arc::new(config.clone()),
+                (None, ConfigSource::Defaults),
+                Arc::new(KataConfig::default()),
                 "k8s.io",
                 group,
                 outputs,

@@ -23,14 +23,15 @@ use kata_topo_core::input::kubelet::{IntentSource, KubeletView};
 /// The kubelet's answer for one pod, kept between requests.
 #[derive(Debug)]
 pub(crate) struct KubeletIntents {
-    config: Config,
+    /// The node's configuration, shared with the pod's other checks.
+    config: Arc<Config>,
     kept: Mutex<Option<Arc<KubeletView>>>,
 }
 
 impl KubeletIntents {
-    pub(crate) fn new(config: &Config) -> Self {
+    pub(crate) fn new(config: Arc<Config>) -> Self {
         Self {
-            config: config.clone(),
+            config,
             kept: Mutex::new(None),
         }
     }

@@ -33,8 +33,10 @@ struct Memory {
     sandbox: Option<Baseline>,
     labels: Option<LabelBaseline>,
     labels_seen: kata_topo_core::state::LabelsSeen,
-    containers: HashMap<String, Baseline>,
-    tasks: HashMap<String, TaskRecord>,
+    // Boxed: a map's first table has room for three, and a pod's few records (a node-wide
+    // front end keeps every pod's) are each larger than their key.
+    containers: HashMap<String, Box<Baseline>>,
+    tasks: HashMap<String, Box<TaskRecord>>,
 }
 
 /// One pod's records.
@@ -57,8 +59,16 @@ impl PodStore {
             memory.labels = files.label_baseline().ok().flatten();
             memory.labels_seen = files.labels_seen().ok().flatten().unwrap_or_default();
             if let Ok(Some(pod)) = kata_topo_core::state::read_pod(files.dir()) {
-                memory.containers = pod.containers.into_iter().collect();
-                memory.tasks = pod.tasks.into_iter().collect();
+                memory.containers = pod
+                    .containers
+                    .into_iter()
+                    .map(|(k, v)| (k, Box::new(v)))
+                    .collect();
+                memory.tasks = pod
+                    .tasks
+                    .into_iter()
+                    .map(|(k, v)| (k, Box::new(v)))
+                    .collect();
             }
         }
         Self {
@@ -90,19 +100,19 @@ impl PodStore {
 
     /// A task's record.
     pub(crate) fn task(&self, id: &str) -> Option<TaskRecord> {
-        self.with(|m| m.tasks.get(id).cloned())
+        self.with(|m| m.tasks.get(id).map(|r| (**r).clone()))
     }
 
     /// Records a task.
     pub(crate) fn save_task(&self, id: &str, record: TaskRecord) {
-        self.with(|m| m.tasks.insert(id.to_string(), record.clone()));
+        self.with(|m| m.tasks.insert(id.to_string(), Box::new(record.clone())));
         let id = id.to_string();
         self.mirror(format!("task/{id}"), move |f| f.save_task(&id, &record));
     }
 
     /// Forgets a task (its container's baseline stays for a recreate).
     pub(crate) fn remove_task(&self, id: &str) -> Option<TaskRecord> {
-        let record = self.with(|m| m.tasks.remove(id));
+        let record = self.with(|m| m.tasks.remove(id)).map(|r| *r);
         // A removal replaces the task's writes still waiting (its record and its verdicts).
         for key in [
             format!("task/{id}"),
@@ -119,7 +129,7 @@ impl PodStore {
     pub(crate) fn baseline(&self, of: &BaselineOf) -> Option<Baseline> {
         self.with(|m| match of {
             BaselineOf::Sandbox => m.sandbox.clone(),
-            BaselineOf::Container(n) => m.containers.get(n).cloned(),
+            BaselineOf::Container(n) => m.containers.get(n).map(|b| (**b).clone()),
         })
     }
 
@@ -131,7 +141,7 @@ impl PodStore {
                 self.mirror("sandbox".into(), move |f| f.save_sandbox_baseline(&b));
             }
             BaselineOf::Container(name) => {
-                self.with(|m| m.containers.insert(name.clone(), b.clone()));
+                self.with(|m| m.containers.insert(name.clone(), Box::new(b.clone())));
                 self.mirror(format!("container/{name}"), move |f| {
                     f.save_container_baseline(&name, &b)
                 });
