@@ -44,14 +44,39 @@ const MODE: u32 = 0o644;
 /// The longest file name: the temporary name adds 22 bytes, and a name has at most 255.
 const MAX_NAME: usize = 200;
 
+/// Counts by a pair of label values, in their order. A sandbox has a few (an operation and a
+/// decision or two, a rule or two): a vector of them is a third of a map's first node, and a
+/// node-wide front end keeps one per pod.
+#[derive(Debug, Default)]
+struct Tally(Vec<((String, String), u64)>);
+
+impl Tally {
+    fn bump(&mut self, a: &str, b: &str) {
+        match self
+            .0
+            .binary_search_by(|((x, y), _)| (x.as_str(), y.as_str()).cmp(&(a, b)))
+        {
+            Ok(i) => self.0[i].1 += 1,
+            Err(i) => self.0.insert(i, ((a.to_string(), b.to_string()), 1)),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.0
+            .iter()
+            .map(|((a, b), n)| (a.as_str(), b.as_str(), *n))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
-    checks: BTreeMap<(String, String), u64>,
-    findings: BTreeMap<(String, String), u64>,
+    checks: Tally,
+    findings: Tally,
     buckets: [u64; BUCKETS.len()],
     sum: f64,
     count: u64,
-    refreshes: BTreeMap<&'static str, u64>,
+    /// Topology loads: those that succeeded, those that failed.
+    refreshes: [u64; 2],
     dirty: bool,
     removed: bool,
     /// The writer removed the file (after `removed`).
@@ -264,13 +289,10 @@ impl Metrics {
     /// One check done.
     pub fn observe(&self, v: &Verdict, elapsed: Duration) {
         self.update(|c| {
-            *c.checks
-                .entry((v.operation.to_string(), v.decision().to_string()))
-                .or_insert(0) += 1;
+            c.checks
+                .bump(&v.operation.to_string(), &v.decision().to_string());
             for f in &v.findings {
-                *c.findings
-                    .entry((f.rule.id().to_string(), f.severity.to_string()))
-                    .or_insert(0) += 1;
+                c.findings.bump(f.rule.id(), &f.severity.to_string());
             }
             let secs = elapsed.as_secs_f64();
             if let Some(i) = BUCKETS.iter().position(|le| secs <= *le) {
@@ -284,9 +306,7 @@ impl Metrics {
     /// A topology (re)load finished.
     pub fn refreshed(&self, ok: bool) {
         self.update(|c| {
-            *c.refreshes
-                .entry(if ok { "ok" } else { "failed" })
-                .or_insert(0) += 1;
+            c.refreshes[usize::from(!ok)] += 1;
         });
     }
 
@@ -320,14 +340,14 @@ fn render(s: &Shared, c: &Counters) -> String {
         now.subsec_millis()
     );
     out.push_str("# HELP kata_topo_checks_total Checks run by kata-topo, by operation and decision.\n# TYPE kata_topo_checks_total counter\n");
-    for ((op, decision), n) in &c.checks {
+    for (op, decision, n) in c.checks.iter() {
         let _ = writeln!(
             out,
             "kata_topo_checks_total{{{l},operation=\"{op}\",decision=\"{decision}\"}} {n}"
         );
     }
     out.push_str("# HELP kata_topo_findings_total Findings reported by kata-topo, by rule and severity.\n# TYPE kata_topo_findings_total counter\n");
-    for ((rule, severity), n) in &c.findings {
+    for (rule, severity, n) in c.findings.iter() {
         let _ = writeln!(
             out,
             "kata_topo_findings_total{{{l},rule=\"{rule}\",severity=\"{severity}\"}} {n}"
@@ -354,11 +374,10 @@ fn render(s: &Shared, c: &Counters) -> String {
         c.count
     );
     out.push_str("# HELP kata_topo_topology_refreshes_total Host topology loads, by result.\n# TYPE kata_topo_topology_refreshes_total counter\n");
-    for result in ["ok", "failed"] {
+    for (result, n) in ["ok", "failed"].iter().zip(c.refreshes) {
         let _ = writeln!(
             out,
-            "kata_topo_topology_refreshes_total{{{l},result=\"{result}\"}} {}",
-            c.refreshes.get(result).copied().unwrap_or(0)
+            "kata_topo_topology_refreshes_total{{{l},result=\"{result}\"}} {n}"
         );
     }
     out.push_str("# HELP kata_topo_sink_dropped_total Log lines, journald entries, events, state writes and Kubernetes Events kata-topo dropped rather than make a request wait.\n# TYPE kata_topo_sink_dropped_total counter\n");
