@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use kata_topo_core::input::spec::{
-    RequestError, CRI_CONTAINER_NAME, CRI_CONTAINER_TYPE, CRI_SANDBOX_ID, CRI_SANDBOX_NAME,
-    CRI_SANDBOX_NAMESPACE, CRI_SANDBOX_UID,
+    annotation_is_read, RequestError, CRI_CONTAINER_NAME, CRI_CONTAINER_TYPE, CRI_SANDBOX_ID,
+    CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE, CRI_SANDBOX_UID,
 };
 use kata_topo_core::ContainerSpec;
 use kata_topo_proto::nri::pkg::api::v1alpha1 as nri;
@@ -47,8 +47,20 @@ pub fn sandbox_spec(pod: &nri::PodSandbox) -> ContainerSpec {
     annotations.insert(CRI_CONTAINER_TYPE.to_string(), "sandbox".to_string());
     let spec = json!({ "ociVersion": "1.0.2", "annotations": annotations });
     // Built from strings only: the parser cannot fail on it, but a failure is still no panic.
-    ContainerSpec::from_json(spec.to_string().as_bytes())
-        .unwrap_or_else(|_| ContainerSpec::pod_only(Default::default()))
+    kept(
+        ContainerSpec::from_json(spec.to_string().as_bytes())
+            .unwrap_or_else(|_| ContainerSpec::pod_only(Default::default())),
+    )
+}
+
+/// The spec as it is kept: CRI's names, read into its fields, leave its annotations (made
+/// anew: an emptied map would keep its first node).
+fn kept(mut spec: ContainerSpec) -> ContainerSpec {
+    spec.annotations = std::mem::take(&mut spec.annotations)
+        .into_iter()
+        .filter(|(k, _)| annotation_is_read(k))
+        .collect();
+    spec
 }
 
 /// A container of `pod` as its OCI spec says: its annotations (with the pod's kata-topo
@@ -63,7 +75,14 @@ pub fn container_spec(
     if !container.name.is_empty() {
         annotations.insert(CRI_CONTAINER_NAME.to_string(), container.name.clone());
     }
-    for (k, v) in &container.annotations {
+    // Only those the checks read: the spec is kept as long as the container runs, and the
+    // runtime's and the kubelet's own (the image, the restart count, the termination
+    // message's path) are most of a container's. CRI's names are the pod's, above.
+    for (k, v) in container
+        .annotations
+        .iter()
+        .filter(|(k, _)| annotation_is_read(k))
+    {
         annotations.insert(k.clone(), v.clone());
     }
     let linux = container.linux.as_ref();
@@ -89,7 +108,7 @@ pub fn container_spec(
         "annotations": annotations,
         "linux": { "devices": devices, "resources": resources },
     });
-    ContainerSpec::from_json(spec.to_string().as_bytes())
+    ContainerSpec::from_json(spec.to_string().as_bytes()).map(kept)
 }
 
 /// NRI's `LinuxResources` as an OCI `LinuxResources` JSON object (what containerd puts in a
@@ -174,6 +193,14 @@ mod tests {
             id: "c1".into(),
             pod_sandbox_id: "sb1".into(),
             name: "app".into(),
+            annotations: [
+                ("io.kubernetes.container.restartCount", "0"),
+                ("io.katacontainers.config.hypervisor.default_vcpus", "4"),
+                ("kata-topo.io/numa-nodes", "1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
             linux: Some(nri::LinuxContainer {
                 resources: Some(cpu("0-1", 200_000)),
                 devices: vec![nri::LinuxDevice {
@@ -199,6 +226,19 @@ mod tests {
             Some("single-numa-node")
         );
         assert!(!spec.annotations.contains_key("other.io/x"));
+        // The container's own: those the checks read, and no other.
+        assert_eq!(
+            spec.annotations
+                .get("kata-topo.io/numa-nodes")
+                .map(String::as_str),
+            Some("1")
+        );
+        assert!(spec
+            .annotations
+            .contains_key("io.katacontainers.config.hypervisor.default_vcpus"));
+        assert!(!spec
+            .annotations
+            .contains_key("io.kubernetes.container.restartCount"));
         assert_eq!(spec.vfio.len(), 1);
         assert_eq!(spec.resources.cpu_quota, Some(200_000));
         assert_eq!(spec.resources.memory_limit, Some(1 << 30));
@@ -239,5 +279,10 @@ mod tests {
         assert_eq!(s.kind, ContainerKind::Sandbox);
         assert_eq!(s.pod.name.as_deref(), Some("web"));
         assert_eq!(s.sandbox_id.as_deref(), Some("sb1"));
+        // Read into the fields, CRI's names are not kept twice.
+        assert_eq!(
+            s.annotations.keys().collect::<Vec<_>>(),
+            ["kata-topo.io/policy"]
+        );
     }
 }
