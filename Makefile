@@ -363,10 +363,13 @@ test: deps lint alerts-test unit integration vm-test k8s-test kata-test
 # Then the node-scale section once, on Debian's containerd: KT_BENCH_PODS pods per handler
 # (default 100; KT_BENCH_PODS=20 for a quick check), KT_BENCH_PARALLEL at a time (10),
 # KT_BENCH_IDLE_SECONDS of idle measured (60). Then kata-topo-nri on containerd 2.3.4:
-# KT_BENCH_NRI_UPDATES updates through the plugin (1000).
+# KT_BENCH_NRI_UPDATES updates through the plugin (1000); KT_BENCH_NRI_START=0 leaves out the
+# start ratio, for the plugin's memory alone. Before all of it, the heap the plugin's front
+# end holds per pod (KT_BENCH_HEAP_PODS, 100), by a counting allocator.
 BENCH_CONTAINERD_BINS ?= $(if $(wildcard $(CONTAINERD2_ARCHIVE)),$(CONTAINERD2_BIN))
 bench: deps $(if $(BENCH_CONTAINERD_BINS),containerd2)
 	$(CARGO) bench -p kata-topo-core --locked --bench check
+	$(CARGO) bench -p kata-topo-nri --locked --bench heap
 	$(CARGO) build --release --workspace --locked --bins
 	env -u KT_CONTAINERD_BIN KATA_TOPO_BIN_DIR=$(CURDIR)/target/release \
 	  $(CARGO) bench -p kata-topo-integration --locked --bench shim
