@@ -440,6 +440,33 @@ pub fn read_pod(dir: &Path) -> io::Result<Option<PodState>> {
     }))
 }
 
+/// The pods of `namespace` under a trusted `state_dir` (as [`GroupState::open`] checks it),
+/// by their directories' names ([`safe_name`] of each sandbox id), each with how long ago its
+/// directory last changed. None when the directory is not there or not trusted.
+pub fn groups(state_dir: &Path, namespace: &str) -> Vec<(String, std::time::Duration)> {
+    if crate::files::Dir::open_private(state_dir, None).is_err() {
+        return Vec::new();
+    }
+    let Ok(entries) = fs::read_dir(state_dir.join(safe_name(namespace))) else {
+        return Vec::new();
+    };
+    let now = std::time::SystemTime::now();
+    entries
+        .flatten()
+        .filter_map(|e| {
+            // Not followed: a link is no pod's directory.
+            let meta = e.path().symlink_metadata().ok()?;
+            let name = e.file_name().into_string().ok()?;
+            let age = meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default();
+            meta.is_dir().then_some((name, age))
+        })
+        .collect()
+}
+
 /// Every pod under a state directory (`state_dir/<namespace>/<sandbox>/`).
 pub fn list(state_dir: &Path) -> io::Result<Vec<PodState>> {
     let mut pods = Vec::new();

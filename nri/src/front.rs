@@ -156,6 +156,13 @@ impl Front {
                 self.adopt(&checks, pod, c);
             }
         }
+        // What a pod removed while no plugin was connected left (the plugin's own pod's
+        // among it: it exits before its sandbox goes).
+        let live: Vec<&str> = pods.iter().map(|p| p.id.as_str()).collect();
+        for gone in self.node.remove_gone(NAMESPACE, &live) {
+            slog::info!(self.log(), "removed the state of a pod the runtime no longer has"; "event" => "nri-gone-removed",
+                "sandbox_id" => gone);
+        }
         slog::info!(self.log(), "synchronized with the runtime"; "event" => "nri-synchronized",
             "pods" => pods.len(), "containers" => containers.len(),
             "checked_pods" => self.lock().values().filter(|w| matches!(w, Watch::Checked(_))).count());

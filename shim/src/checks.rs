@@ -112,6 +112,49 @@ impl NodeChecks {
     }
 }
 
+/// How long a pod's state directory must have been left unchanged before a front end's
+/// synchronisation takes it for a removed pod's: a wrapper's daemon creates a new pod's
+/// directory before the runtime lists its sandbox, and records itself there at once.
+const GONE_AFTER: Duration = Duration::from_secs(60);
+
+impl NodeChecks {
+    /// At a front end's synchronisation with the runtime (`live`: the ids of every sandbox of
+    /// `namespace` it runs): removes the state and the metrics textfile of each pod of
+    /// `namespace` in `state_dir` the runtime no longer has — one removed while no plugin was
+    /// connected, the plugin's own pod among them (it exits before its sandbox goes) — unless
+    /// a running wrapper daemon serves it or its directory changed in the last minute. Returns
+    /// their directories' names.
+    pub fn remove_gone(&self, namespace: &str, live: &[&str]) -> Vec<String> {
+        let config = self.config();
+        let live: std::collections::HashSet<String> = live
+            .iter()
+            .map(|id| kata_topo_core::state::safe_name(id))
+            .collect();
+        let mut removed = Vec::new();
+        for (name, age) in kata_topo_core::state::groups(&config.state_dir, namespace) {
+            if live.contains(&name)
+                || age < GONE_AFTER
+                || served_by_wrapper(config, namespace, &name)
+            {
+                continue;
+            }
+            let state = GroupState::at(&config.state_dir, namespace, &name);
+            if let Err(e) = state.remove_all() {
+                slog::warn!(self.sinks.log, "cannot remove a removed pod's state"; "event" => "state-failed",
+                    "sandbox_id" => &name, "error" => e.to_string());
+                continue;
+            }
+            if let Some(dir) = &config.metrics_dir {
+                let _ = std::fs::remove_file(
+                    dir.join(kata_topo_sinks::metrics::file_name(namespace, &name)),
+                );
+            }
+            removed.push(name);
+        }
+        removed
+    }
+}
+
 impl PodChecks {
     /// The checks of pod `sandbox_id` in containerd namespace `namespace` on `node`'s shared
     /// parts, with its state under `state_dir` as the wrapper keeps it, its own metrics
@@ -194,5 +237,93 @@ impl PodChecks {
             Outcome::Forward(None) => Ok(()),
             Outcome::Refuse(e) => Err(kata_topo_core::text::error_chain(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kata_topo_core::config::ConfigSource;
+    use kata_topo_core::process::ProcessId;
+    use kata_topo_core::state::DaemonRecord;
+
+    /// A pod's state directory, with its last change `age` ago.
+    fn pod_dir(state_dir: &Path, group: &str, age: Duration) -> GroupState {
+        let g = GroupState::open(state_dir, "k8s.io", group).expect("state");
+        let then = std::time::SystemTime::now() - age;
+        std::fs::File::open(g.dir())
+            .and_then(|d| d.set_modified(then))
+            .expect("mtime");
+        g
+    }
+
+    #[test]
+    fn a_synchronisation_removes_what_pods_the_runtime_no_longer_has_left_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let state_dir = dir.path().join("state");
+        let metrics_dir = dir.path().join("metrics");
+        std::fs::create_dir_all(&metrics_dir).expect("metrics dir");
+        let config = Config {
+            state_dir: state_dir.clone(),
+            metrics_dir: Some(metrics_dir.clone()),
+            log_file: dir.path().join("log"),
+            topology_xml: Some(kata_topo_core::testutil::xml("24em64t-2n6c2t-pci.xml")),
+            kubeconfig: None,
+            ..Config::default()
+        };
+        let old = Duration::from_secs(600);
+        pod_dir(&state_dir, "gone", old);
+        pod_dir(&state_dir, "live", old);
+        pod_dir(&state_dir, "fresh", Duration::ZERO);
+        // Served by a wrapper daemon that runs (this process stands for it).
+        let wrapped = GroupState::open(&state_dir, "k8s.io", "wrapped").expect("state");
+        wrapped
+            .save_daemon(&DaemonRecord {
+                wrapper: ProcessId::current(Path::new("/proc")).expect("this process"),
+                delegate_address: String::new(),
+                delegate: None,
+                config: None,
+                config_source: String::new(),
+                node_affinity: None,
+                pod_events: None,
+            })
+            .expect("daemon");
+        pod_dir(&state_dir, "wrapped", old);
+        for g in ["gone", "live"] {
+            std::fs::write(
+                metrics_dir.join(kata_topo_sinks::metrics::file_name("k8s.io", g)),
+                "x",
+            )
+            .expect("textfile");
+        }
+        let log = Logger::root(slog::Discard, slog::o!());
+        let drops = Drops::new();
+        let sinks = Sinks {
+            log: log.clone(),
+            events: Events::off(),
+            drops,
+        };
+        let resolved = Resolved {
+            config,
+            file: None,
+            source: ConfigSource::Defaults,
+        };
+        let node = NodeChecks::new(resolved, KataConfig::default(), &sinks);
+
+        assert_eq!(node.remove_gone("k8s.io", &["live"]), ["gone"]);
+        let left: Vec<String> = {
+            let mut l: Vec<String> = kata_topo_core::state::groups(&state_dir, "k8s.io")
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            l.sort();
+            l
+        };
+        assert_eq!(left, ["fresh", "live", "wrapped"]);
+        let textfile = |g: &str| metrics_dir.join(kata_topo_sinks::metrics::file_name("k8s.io", g));
+        assert!(!textfile("gone").exists());
+        assert!(textfile("live").exists());
+        // Another namespace's pods are not this one's.
+        assert!(node.remove_gone("other", &[]).is_empty());
     }
 }
