@@ -54,8 +54,10 @@ impl Front {
 
     /// The pod's checks, made (with its sandbox admitted, as the wrapper admits it at the
     /// sandbox's create) when it is first seen; `None` for a pod not checked here. `Err`: the
-    /// sandbox's admission refused.
-    fn pod(&self, pod: &nri::PodSandbox) -> Result<Option<PodChecks>, String> {
+    /// sandbox's admission refused. `fresh`: seen first at a container's create, the pod is
+    /// one the runtime made since the plugin synchronised (a pod that ran before was in the
+    /// synchronisation): nothing of it is on disk to read.
+    fn pod(&self, pod: &nri::PodSandbox, fresh: bool) -> Result<Option<PodChecks>, String> {
         if let Some(w) = self.lock().get(&pod.id) {
             return Ok(match w {
                 Watch::Checked(c) => Some(c.clone()),
@@ -78,7 +80,7 @@ impl Front {
             self.lock().insert(pod.id.clone(), Watch::Skipped);
             return Ok(None);
         }
-        let checks = PodChecks::new(&self.node, NAMESPACE, &pod.id);
+        let checks = PodChecks::new(&self.node, NAMESPACE, &pod.id, fresh);
         // Two requests of a new pod at once: the first one in keeps its checks.
         let checks = match self
             .lock()
@@ -99,7 +101,7 @@ impl Front {
     /// `CreateContainer`: a first create or a recreate of the container's name. `Err` is
     /// kata-topo's refusal.
     pub fn create(&self, pod: &nri::PodSandbox, container: &nri::Container) -> Result<(), String> {
-        let Some(checks) = self.pod(pod)? else {
+        let Some(checks) = self.pod(pod, true)? else {
             return Ok(());
         };
         match container_spec(pod, container) {
@@ -121,7 +123,7 @@ impl Front {
         container: &nri::Container,
         resources: &nri::LinuxResources,
     ) -> Result<(), String> {
-        let Some(checks) = self.pod(pod)? else {
+        let Some(checks) = self.pod(pod, false)? else {
             return Ok(());
         };
         if !checks.knows(&container.id) {
@@ -146,13 +148,13 @@ impl Front {
             pods.iter().map(|p| (p.id.as_str(), p)).collect();
         for pod in pods {
             // A refusal of a running pod's sandbox is only reported: nothing is asked.
-            let _ = self.pod(pod);
+            let _ = self.pod(pod, false);
         }
         for c in containers {
             let Some(pod) = by_id.get(c.pod_sandbox_id.as_str()) else {
                 continue;
             };
-            if let Ok(Some(checks)) = self.pod(pod) {
+            if let Ok(Some(checks)) = self.pod(pod, false) {
                 self.adopt(&checks, pod, c);
             }
         }

@@ -159,8 +159,11 @@ impl PodChecks {
     /// The checks of pod `sandbox_id` in containerd namespace `namespace` on `node`'s shared
     /// parts, with its state under `state_dir` as the wrapper keeps it, its own metrics
     /// textfile written by the node's metrics writer (a front end that serves many pods adds
-    /// one per pod as it learns of it).
-    pub fn new(node: &NodeChecks, namespace: &str, sandbox_id: &str) -> Self {
+    /// one per pod as it learns of it). `fresh`: the runtime has just created the pod (the
+    /// front end learnt of it after it synchronised), so nothing of it is on disk to read:
+    /// its state directory is made off the request's path, by the node's state writer
+    /// before its first write.
+    pub fn new(node: &NodeChecks, namespace: &str, sandbox_id: &str, fresh: bool) -> Self {
         let sinks = &node.sinks;
         let outputs = Outputs {
             log: sinks.log.clone(),
@@ -176,6 +179,7 @@ impl PodChecks {
             namespace,
             sandbox_id,
             outputs,
+            fresh,
         );
         Self { pod }
     }
@@ -325,5 +329,111 @@ mod tests {
         assert!(textfile("live").exists());
         // Another namespace's pods are not this one's.
         assert!(node.remove_gone("other", &[]).is_empty());
+    }
+
+    /// The checks of a node whose state is under `state_dir`, logging to `log_file`.
+    fn node_at(state_dir: &Path, log_file: &Path) -> (NodeChecks, kata_topo_sinks::Log) {
+        let drops = Drops::new();
+        let log = kata_topo_sinks::Log::with_journal(log_file, false, None, drops.clone());
+        let sinks = Sinks {
+            log: log.logger().clone(),
+            events: Events::off(),
+            drops,
+        };
+        let config = Config {
+            state_dir: state_dir.to_path_buf(),
+            log_file: log_file.to_path_buf(),
+            topology_xml: Some(kata_topo_core::testutil::xml("24em64t-2n6c2t-pci.xml")),
+            kubeconfig: None,
+            ..Config::default()
+        };
+        let resolved = Resolved {
+            config,
+            file: None,
+            source: ConfigSource::Defaults,
+        };
+        (
+            NodeChecks::new(resolved, KataConfig::default(), &sinks),
+            log,
+        )
+    }
+
+    #[test]
+    fn a_fresh_pods_state_directory_is_made_by_the_writer_never_by_its_request() {
+        use kata_topo_core::testutil::spec;
+        let dir = tempfile::tempdir().expect("tmp");
+        let state_dir = dir.path().join("state");
+        let (node, log) = node_at(&state_dir, &dir.path().join("log"));
+        let pod_dir = state_dir.join("k8s.io/sb-1");
+        let checks = PodChecks::new(&node, "k8s.io", "sb-1", true);
+        assert!(!pod_dir.exists(), "made when the pod's checks were");
+        checks
+            .create("sb-1", spec().sandbox().build())
+            .expect("the sandbox admitted");
+        checks
+            .create("c1", spec().cpus("0").build())
+            .expect("the container admitted");
+        assert!(checks.flush(Instant::now() + Duration::from_secs(10)));
+        // What `kata-topo status` reads: both tasks and the container's baseline.
+        let state = kata_topo_core::state::read_pod(&pod_dir)
+            .expect("readable")
+            .expect("the pod's state");
+        let mut tasks: Vec<&str> = state.tasks.iter().map(|(id, _)| id.as_str()).collect();
+        tasks.sort();
+        assert_eq!(tasks, ["c1", "sb-1"]);
+        assert!(
+            state.containers.iter().any(|(name, _)| name == "trainer"),
+            "{:?}",
+            state.containers
+        );
+        // Removed, it leaves nothing.
+        checks.remove("c1");
+        checks.remove("sb-1");
+        checks.forget();
+        assert!(!pod_dir.exists(), "left behind");
+        assert!(log.flush(Instant::now() + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_fresh_pod_in_an_untrusted_state_directory_is_checked_from_memory_and_never_written() {
+        use kata_topo_core::testutil::spec;
+        let dir = tempfile::tempdir().expect("tmp");
+        let state_dir = dir.path().join("state");
+        std::fs::create_dir(&state_dir).expect("state dir");
+        std::os::unix::fs::chown(&state_dir, Some(65534), None).expect("chown (run as root)");
+        let log_file = dir.path().join("log");
+        let (node, log) = node_at(&state_dir, &log_file);
+        let checks = PodChecks::new(&node, "k8s.io", "sb-1", true);
+        checks
+            .create("sb-1", spec().sandbox().build())
+            .expect("the sandbox admitted");
+        checks
+            .create("c1", spec().cpus("0").build())
+            .expect("the container admitted");
+        assert!(checks.knows("c1"));
+        assert!(checks.flush(Instant::now() + Duration::from_secs(10)));
+        assert!(log.flush(Instant::now() + Duration::from_secs(5)));
+        assert_eq!(
+            std::fs::read_dir(&state_dir).expect("list").count(),
+            0,
+            "written into"
+        );
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log_file)
+            .expect("log")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect();
+        let said: Vec<_> = lines
+            .iter()
+            .filter(|l| l["event"] == "state-untrusted")
+            .collect();
+        assert_eq!(said.len(), 1, "said once: {lines:#?}");
+        assert!(
+            said[0]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("uid 65534"),
+            "{said:?}"
+        );
     }
 }

@@ -31,7 +31,7 @@ use kata_topo_core::config::{Config, ConfigSource, Resolved};
 use kata_topo_core::input::kata::KataConfig;
 use kata_topo_core::input::spec::ContainerKind;
 use kata_topo_core::process::ProcessId;
-use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
+use kata_topo_core::state::{DaemonRecord, TaskRecord, VerdictOf};
 use kata_topo_core::vm::{Identity, VmReader, VmView};
 use kata_topo_core::{
     Baseline, Checker, ContainerSpec, Decision, Defaults, Operation, Resources, Sysfs, Verdict,
@@ -56,7 +56,7 @@ use host::CurrentHost;
 use observe::Observer;
 use specs::SpecCache;
 pub(crate) use store::BaselineOf;
-use store::PodStore;
+use store::{Files, PodStore};
 
 /// What to do with a request.
 #[derive(Debug)]
@@ -280,7 +280,7 @@ impl Pod {
             file,
             source,
         } = resolved;
-        let files = Self::open_files(&config, namespace, group, &sinks.log);
+        let files = Files::now(&config, namespace, group, &sinks.log);
         let log = sinks.log.clone();
         let persist = Persist::start(sinks.drops.clone(), move |key, e| {
             slog::warn!(log, "cannot write state"; "event" => "state-failed", "file" => key,
@@ -323,6 +323,10 @@ impl Pod {
     /// The checks of pod `group` on `node`'s shared parts (a front end serving many pods):
     /// its topology is the node's, refreshed by the node; its state written by the node's
     /// writer; its API server reads and Events the node's. No VM view: no timer thread.
+    /// `fresh`: the runtime has just created the pod (a front end that saw it after it
+    /// synchronised): nothing of it is on disk, and its state directory is made by the
+    /// node's writer before its first write, not on the request's path.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_node(
         node: &Arc<Node>,
         config: Arc<Config>,
@@ -331,8 +335,13 @@ impl Pod {
         namespace: &str,
         group: &str,
         sinks: Outputs,
+        fresh: bool,
     ) -> Arc<Self> {
-        let files = Self::open_files(&config, namespace, group, &sinks.log);
+        let files = if fresh {
+            Files::later(Arc::clone(&config), namespace, group, sinks.log.clone())
+        } else {
+            Files::now(&config, namespace, group, &sinks.log)
+        };
         let log = sinks.log.clone();
         let sandbox = group.to_string();
         let persist = node.persist.another(move |key, e| {
@@ -357,7 +366,7 @@ impl Pod {
         kata: Arc<KataConfig>,
         namespace: &str,
         group: &str,
-        files: Option<GroupState>,
+        files: Files,
         sinks: Outputs,
         parts: Parts,
     ) -> Arc<Self> {
@@ -382,30 +391,6 @@ impl Pod {
             kata,
             delegate_pid: std::sync::OnceLock::new(),
         })
-    }
-
-    /// The pod's state directory, created when it can be; when it cannot (a full or
-    /// read-only disk), the pod runs from memory and says so.
-    fn open_files(
-        config: &Config,
-        namespace: &str,
-        group: &str,
-        log: &Logger,
-    ) -> Option<GroupState> {
-        match GroupState::open(&config.state_dir, namespace, group) {
-            Ok(files) => Some(files),
-            // Someone else could have written it: nothing there is read, nothing written.
-            Err(e) if kata_topo_core::files::is_untrusted(&e) => {
-                slog::error!(log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
-                    "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
-                None
-            }
-            Err(e) => {
-                slog::warn!(log, "cannot create the pod's state directory; checks run from memory";
-                    "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
-                Some(GroupState::at(&config.state_dir, namespace, group))
-            }
-        }
     }
 
     /// Loads the topology now (tests; the daemon uses [`Pod::spawn_refresher`]).
@@ -1034,6 +1019,7 @@ mod tests {
                 "k8s.io",
                 group,
                 outputs,
+                false,
             )
         };
         let (a, b) = (on_node("sb-a"), on_node("sb-b"));

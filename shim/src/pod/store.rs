@@ -5,8 +5,10 @@
 //! decision and never makes a request wait.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use std::sync::Mutex;
+use kata_topo_core::config::Config;
+use slog::Logger;
 
 use kata_topo_core::input::affinity::LabelBaseline;
 use kata_topo_core::state::{DaemonRecord, GroupState, TaskRecord, VerdictOf};
@@ -39,12 +41,95 @@ struct Memory {
     tasks: HashMap<String, Box<TaskRecord>>,
 }
 
+/// The pod's state directory, created when it can be; when it cannot (a full or read-only
+/// disk), the pod runs from memory and says so. `None`: the state directory is not trusted
+/// (nothing is read from it or written to it then).
+pub(crate) fn open_files(
+    config: &Config,
+    namespace: &str,
+    group: &str,
+    log: &Logger,
+) -> Option<GroupState> {
+    match GroupState::open(&config.state_dir, namespace, group) {
+        Ok(files) => Some(files),
+        // Someone else could have written it: nothing there is read, nothing written.
+        Err(e) if kata_topo_core::files::is_untrusted(&e) => {
+            slog::error!(log, "the state directory is not trusted and is not used; checks run from memory and `kata-topo status` does not see this pod";
+                "event" => "state-untrusted", "error" => e.to_string(), "sandbox_id" => group);
+            None
+        }
+        Err(e) => {
+            slog::warn!(log, "cannot create the pod's state directory; checks run from memory";
+                "event" => "state-failed", "error" => e.to_string(), "sandbox_id" => group);
+            Some(GroupState::at(&config.state_dir, namespace, group))
+        }
+    }
+}
+
+/// Where a pod's mirror is.
+#[derive(Debug, Clone)]
+pub(crate) enum Files {
+    /// Nowhere: the state directory is not trusted.
+    None,
+    /// Opened (and read) before the pod's first request.
+    Open(GroupState),
+    /// Opened by the state writer before its first write, off the request path: a pod the
+    /// runtime has just created has nothing on disk to read, and its first request does not
+    /// wait for its directory to be made (on a slow disk, milliseconds).
+    Later(Arc<Later>),
+}
+
+impl Files {
+    /// Opened now: what a previous daemon or plugin left is read.
+    pub(crate) fn now(config: &Config, namespace: &str, group: &str, log: &Logger) -> Self {
+        open_files(config, namespace, group, log).map_or(Self::None, Self::Open)
+    }
+
+    /// Opened by the first write.
+    pub(crate) fn later(config: Arc<Config>, namespace: &str, group: &str, log: Logger) -> Self {
+        let (namespace, group) = (namespace.to_string(), group.to_string());
+        Self::Later(Arc::new(Later {
+            open: Mutex::new(Some(Box::new(move || {
+                open_files(&config, &namespace, &group, &log)
+            }))),
+            opened: OnceLock::new(),
+        }))
+    }
+}
+
+type Open = Box<dyn FnOnce() -> Option<GroupState> + Send>;
+
+/// A state directory opened at its first use.
+pub(crate) struct Later {
+    open: Mutex<Option<Open>>,
+    opened: OnceLock<Option<GroupState>>,
+}
+
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Later")
+            .field("opened", &self.opened.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Later {
+    /// Opens it, the first time.
+    fn get(&self) -> Option<&GroupState> {
+        self.opened
+            .get_or_init(|| {
+                let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).take();
+                open.and_then(|f| f())
+            })
+            .as_ref()
+    }
+}
+
 /// One pod's records.
 #[derive(Debug)]
 pub(crate) struct PodStore {
-    /// The mirror's files; `None` when the state directory is not trusted (nothing is read
-    /// from it or written to it then).
-    files: Option<GroupState>,
+    /// The mirror's files.
+    files: Files,
     memory: Mutex<Memory>,
     persist: Persist,
 }
@@ -52,9 +137,9 @@ pub(crate) struct PodStore {
 impl PodStore {
     /// The records of a pod, starting from what a previous daemon left in `files`; without
     /// files, from nothing, and kept in memory only.
-    pub(crate) fn open(files: Option<GroupState>, persist: Persist) -> Self {
+    pub(crate) fn open(files: Files, persist: Persist) -> Self {
         let mut memory = Memory::default();
-        if let Some(files) = &files {
+        if let Files::Open(files) = &files {
             memory.sandbox = files.sandbox_baseline().ok().flatten();
             memory.labels = files.label_baseline().ok().flatten();
             memory.labels_seen = files.labels_seen().ok().flatten().unwrap_or_default();
@@ -87,15 +172,25 @@ impl PodStore {
         key: String,
         job: impl FnOnce(&GroupState) -> std::io::Result<()> + Send + 'static,
     ) {
-        if let Some(files) = self.files.clone() {
-            self.persist.put(key, move || job(&files));
+        match self.files.clone() {
+            Files::None => {}
+            Files::Open(files) => self.persist.put(key, move || job(&files)),
+            Files::Later(later) => self.persist.put(key, move || match later.get() {
+                Some(files) => job(files),
+                // Said once, when it was opened.
+                None => Ok(()),
+            }),
         }
     }
 
     /// Where the files are, when there are any.
     #[cfg(test)]
     pub(crate) fn dir(&self) -> Option<&std::path::Path> {
-        self.files.as_ref().map(GroupState::dir)
+        match &self.files {
+            Files::None => None,
+            Files::Open(files) => Some(files.dir()),
+            Files::Later(later) => later.get().map(GroupState::dir),
+        }
     }
 
     /// A task's record.
@@ -198,8 +293,15 @@ impl PodStore {
     pub(crate) fn remove_all(&self) {
         self.with(|m| *m = Memory::default());
         let files = self.files.clone();
-        self.persist
-            .close(move || files.map_or(Ok(()), |f| f.remove_all()));
+        self.persist.close(move || match &files {
+            Files::None => Ok(()),
+            Files::Open(f) => f.remove_all(),
+            // Never written: nothing to remove.
+            Files::Later(later) => match later.opened.get() {
+                Some(Some(f)) => f.remove_all(),
+                _ => Ok(()),
+            },
+        });
     }
 
     /// The mirror, to wait on it.
