@@ -398,6 +398,15 @@ has_verdict() { # NAME FILTER
 pod_field_is() { [ "$(k get pod "$1" -o jsonpath="$2")" = "$3" ]; }
 pod_field_is_at_least() { local v; v=$(k get pod "$1" -o jsonpath="$2"); [ "${v:-0}" -ge "$3" ]; }
 pod_field_has() { k get pod "$1" -o jsonpath="$2" | grep -q -- "$3"; }
+# Whether pod NAME's container waits with TEXT in its waiting state; that state (JSON) kept in
+# ${run}/waiting-NAME when it does. A refused create's state (CreateContainerError, with the
+# runtime's message) alternates with the kubelet's back-off (CrashLoopBackOff, without it): a
+# second read after the poll may find the other one.
+waiting_has() { # NAME TEXT
+  local w
+  w=$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.waiting}')
+  grep -q -- "$2" <<< "${w}" && printf '%s\n' "${w}" > "${run}/waiting-$1"
+}
 node_field_is() { [ "$(k get node "${node}" -o jsonpath="$1")" = "$2" ]; }
 # (grep without -q: under pipefail, a grep that stops at its first match leaves tail writing
 # into a closed pipe, and tail's SIGPIPE fails the pipeline once the log is long.)

@@ -146,8 +146,10 @@ step_affinity_violated_enforce() {
   local mark rules waiting detail event
   mark=$(log_mark)
   affinity_kill "${aff_enforce}" || { record affinity-violated-enforce false "" "cannot kill kt-affinity-enforce's container"; return 1; }
-  poll 120 pod_field_has "${aff_enforce}" '{.status.containerStatuses[0].state.waiting.message}' node-affinity-violated || true
-  waiting=$(k get pod "${aff_enforce}" -o jsonpath='{.status.containerStatuses[0].state.waiting}')
+  rm -f "${run}/waiting-${aff_enforce}"
+  poll 120 waiting_has "${aff_enforce}" node-affinity-violated || true
+  waiting=$(cat "${run}/waiting-${aff_enforce}" 2> /dev/null \
+    || k get pod "${aff_enforce}" -o jsonpath='{.status.containerStatuses[0].state.waiting}')
   k get pod "${aff_enforce}" -o json > "${results}/kt-affinity-enforce.json" 2> /dev/null || true
   rules=$(rules_since "${mark}" '.pod_name == "'"${aff_enforce}"'" and .operation == "recreate" and .decision == "reject"')
   poll 60 affinity_has_event "${aff_enforce}" NodeAffinityViolated || true
