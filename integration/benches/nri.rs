@@ -228,9 +228,10 @@ impl Drop for Plugin {
 fn summary(name: &str, mut samples: Vec<Duration>) {
     samples.sort();
     println!(
-        "{name}: n={} p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        "{name}: n={} p50 {:.3} ms, p95 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
         samples.len(),
         ms(percentile(&samples, 0.50)),
+        ms(percentile(&samples, 0.95)),
         ms(percentile(&samples, 0.99)),
         ms(*samples.last().unwrap_or(&Duration::ZERO)),
     );
@@ -406,6 +407,12 @@ fn node_bench(pods: usize, parallel: usize) {
     // 2. The plugin's memory: connected with no pod, with every pod, every pod removed. With
     // its debug lines: its answer to each pod's CreateContainer timed.
     let answered_before = micros(&c, "nri-answered", |l| l["method"] == "CreateContainer").len();
+    let created = |c: &Containerd| {
+        micros(c, "request-checked", |l| {
+            l["operation"] == "create" || l["operation"] == "sandbox"
+        })
+    };
+    let checked_before = created(&c).len();
     let plugin = Plugin::start(&c, true);
     // What the plugin holds connected, before any pod (the topology loaded at its start).
     std::thread::sleep(Duration::from_secs(2));
@@ -482,6 +489,13 @@ fn node_bench(pods: usize, parallel: usize) {
     summary(
         "    its answer to CreateContainer (from the request read to the answer written)",
         answers.split_off(answered_before.min(answers.len())),
+    );
+    // Inside the answer, the checks themselves (a pod's first CreateContainer checks its
+    // sandbox and its container): the rest is the wait for a CPU and the connection's.
+    let mut checks = created(&c);
+    summary(
+        "    inside it, each check of a create (the sandbox's, the container's)",
+        checks.split_off(checked_before.min(checks.len())),
     );
     println!("  where the PSS is (smaps):");
     idle_where.print("connected, no pod");
