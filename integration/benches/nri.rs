@@ -1,7 +1,9 @@
 //! `kata-topo-nri` under 1,000 updates (`KT_BENCH_NRI_UPDATES`): containerd 2.x with NRI on, one
 //! pod on the plain `runc` handler, in-place resizes through CRI. Prints the plugin's own
-//! answer time to `UpdateContainer` (p50, p99, max, from its `--debug` lines: from the request
-//! read to the answer written) and, inside it, the check's own time; the CRI round trip with
+//! answer time to `UpdateContainer` (p50, p95, p99, max, from its `--debug` lines: from the
+//! request read to the answer written) and the check's own time — a pod in audit mode, whose
+//! requests are answered before their checks, then one in enforce mode (`kata-topo.io/mode`),
+//! whose answers wait for their verdicts; the CRI round trip with
 //! the plugin and without it (the plugin stopped: containerd then calls no plugin), and through
 //! the wrapper (a pod on the `kata-topo` handler, no plugin). Then, beside the plugin's answer,
 //! the wrapper's check of each `Update` (from its debug lines, in a containerd at debug: the
@@ -320,7 +322,35 @@ fn updates_bench(n: usize) {
             "the plugin's answer lines"
         );
         let answers = answered();
-        let checks = micros(&c, "request-checked", |l| l["operation"] == "update");
+        // In audit mode each update is answered before its check (nothing can be refused):
+        // the checks run after, in order.
+        let checked = || micros(&c, "request-checked", |l| l["operation"] == "update");
+        assert!(
+            eventually(Duration::from_secs(30), || checked().len() >= n),
+            "the plugin's checks"
+        );
+        let checks = checked();
+        // A pod in enforce mode: each answer waits for its verdict (these resizes are clean).
+        let ecfg = cri.pod_config(
+            "nri-bench-enforce",
+            &[
+                ("kata-topo.io/numa-nodes", "1"),
+                ("kata-topo.io/mode", "enforce"),
+            ],
+        );
+        let epod = cri.run_pod(&ecfg, "runc").expect("RunPodSandbox");
+        let eid = cri
+            .start_container(&epod, &ecfg, "app", &admitted, false)
+            .expect("StartContainer");
+        let before = answered().len();
+        let enforced = updates(&mut cri, &eid, &admitted, n);
+        assert!(
+            eventually(Duration::from_secs(30), || answered().len() >= before + n),
+            "the plugin's answer lines (enforce)"
+        );
+        let enforce_answers = answered().split_off(before);
+        cri.remove_container(&eid);
+        cri.remove_pod(&epod);
         let unchecked = c
             .log_lines()
             .iter()
@@ -335,10 +365,21 @@ fn updates_bench(n: usize) {
             .start_container(&wpod, &wcfg, "app", &admitted, false)
             .expect("StartContainer");
         let through = updates(&mut cri, &wid, &admitted, n);
-        summary("plugin's answer to UpdateContainer", answers);
-        summary("  of which its check", checks);
+        summary(
+            "plugin's answer to UpdateContainer (audit: before the check)",
+            answers,
+        );
+        summary("  its check, after the answer", checks);
+        summary(
+            "plugin's answer to UpdateContainer (enforce: after the check)",
+            enforce_answers,
+        );
         println!("  answered without a verdict (the budget ran out): {unchecked}");
         summary("CRI UpdateContainerResources with the plugin", with);
+        summary(
+            "CRI UpdateContainerResources with the plugin, enforce",
+            enforced,
+        );
         summary("CRI UpdateContainerResources without a plugin", without);
         summary("CRI UpdateContainerResources through the wrapper", through);
         for (id, pod) in [(&id, &pod), (&wid, &wpod)] {
@@ -490,11 +531,11 @@ fn node_bench(pods: usize, parallel: usize) {
         "    its answer to CreateContainer (from the request read to the answer written)",
         answers.split_off(answered_before.min(answers.len())),
     );
-    // Inside the answer, the checks themselves (a pod's first CreateContainer checks its
-    // sandbox and its container): the rest is the wait for a CPU and the connection's.
+    // The checks themselves (a pod's first CreateContainer checks its sandbox and its
+    // container), after the answer: these pods are in audit mode.
     let mut checks = created(&c);
     summary(
-        "    inside it, each check of a create (the sandbox's, the container's)",
+        "    each check of a create (the sandbox's, the container's; after the answer, audit)",
         checks.split_off(checked_before.min(checks.len())),
     );
     println!("  where the PSS is (smaps):");

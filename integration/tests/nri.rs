@@ -341,6 +341,63 @@ fn a_wedged_check_is_answered_within_the_budget_and_keeps_the_connection() {
 }
 
 #[test]
+fn in_audit_a_wedged_check_is_answered_at_once_and_reported_after() {
+    // The hung kubelet above, in audit mode: nothing can be refused, so the plugin answers
+    // each request before its check, which then waits kubelet_timeout_ms (longer than
+    // containerd's plugin timeout, 1 s) and reports the kubelet it could not read.
+    let dir = workspace().join("target/nri-test");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hung: PathBuf = dir.join("hung-kubelet-audit.sock");
+    let _ = std::fs::remove_file(&hung);
+    let _listener = std::os::unix::net::UnixListener::bind(&hung).expect("bind");
+    let c = start(Guard {
+        nri_timeout: Some("1s"),
+        extra: format!(
+            "intent_source = \"kubelet\"\nkubelet_pod_resources_socket = \"{}\"\nkubelet_timeout_ms = 1500",
+            hung.display()
+        ),
+        ..Guard::default()
+    });
+    let _plugin = plugin(&c);
+    registered(&c, 1);
+    let mut cri = c.cri();
+    let cfg = cri.pod_config("nri-audit-wedged", POD_ANNOTATIONS);
+    let pod = cri.run_pod(&cfg, "runc").expect("RunPodSandbox");
+    let admitted = Resources::admitted();
+    let id = cri
+        .start_container(&pod, &cfg, "app", &admitted, false)
+        .expect("created");
+    let resize = Resources {
+        quota: 150_000,
+        ..admitted.on("0")
+    };
+    cri.update(&id, &resize).expect("updated");
+    // Each check ran after its answer, to the end: what it could not read is reported.
+    assert!(
+        eventually(DEADLINE, || c.findings().iter().any(|l| l["rule"]
+            == "kubelet-intent-unavailable"
+            && l["container_id"] == id.as_str())),
+        "the checks' verdicts: {:#?}",
+        c.log_lines()
+    );
+    assert_eq!(
+        events(&c, "nri-unchecked"),
+        0,
+        "no answer waited for its check: {:#?}",
+        c.log_lines()
+    );
+    assert_eq!(
+        events(&c, "nri-disconnected"),
+        0,
+        "containerd kept the plugin: {}",
+        nri_lines(&c)
+    );
+    cri.remove_container(&id);
+    cri.remove_pod(&pod);
+    let _ = std::fs::remove_file(&hung);
+}
+
+#[test]
 fn a_stopped_plugin_costs_containerds_timeout_once_then_nothing() {
     let c = start(Guard {
         mode: "enforce",

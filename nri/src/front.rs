@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use kata_topo_core::check::intent::ANNOTATION_MODE;
+use kata_topo_core::check::policy::Mode;
 use kata_topo_core::config::Resolved;
 use kata_topo_core::input::kata::KataConfig;
 use kata_topo_proto::nri::pkg::api::v1alpha1 as nri;
@@ -92,6 +94,16 @@ impl Front {
         };
         checks.create(&pod.id, sandbox_spec(pod))?;
         Ok(Some(checks))
+    }
+
+    /// Whether a request of this pod's container can be refused: the node enforces, or the
+    /// pod or the container names a mode (`kata-topo.io/mode`, which can turn enforcement
+    /// on for a pod). In audit mode nothing is refused, so the request's answer need not wait
+    /// for its verdict.
+    pub fn may_refuse(&self, pod: &nri::PodSandbox, container: &nri::Container) -> bool {
+        self.node.config().mode == Mode::Enforce
+            || pod.annotations.contains_key(ANNOTATION_MODE)
+            || container.annotations.contains_key(ANNOTATION_MODE)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watch>> {
@@ -213,5 +225,63 @@ impl Front {
             .values()
             .filter(|w| matches!(w, Watch::Checked(_)))
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kata_topo_core::config::{Config, ConfigSource};
+    use kata_topo_sinks::{Drops, Events};
+
+    fn front(mode: Mode) -> (tempfile::TempDir, Arc<Front>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let config = Config {
+            mode,
+            state_dir: dir.path().join("state"),
+            log_file: dir.path().join("log"),
+            topology_xml: Some(kata_topo_core::testutil::xml("24em64t-2n6c2t-pci.xml")),
+            kubeconfig: None,
+            ..Config::default()
+        };
+        let resolved = Resolved {
+            config,
+            file: None,
+            source: ConfigSource::Defaults,
+        };
+        let log = Logger::root(slog::Discard, slog::o!());
+        let sinks = Sinks {
+            log,
+            events: Events::off(),
+            drops: Drops::new(),
+        };
+        (dir, Front::new(resolved, KataConfig::default(), sinks))
+    }
+
+    fn with_mode(mode: &str) -> HashMap<String, String> {
+        HashMap::from([(ANNOTATION_MODE.to_string(), mode.to_string())])
+    }
+
+    #[test]
+    fn only_a_request_that_can_be_refused_waits_for_its_verdict() {
+        let plain = (nri::PodSandbox::default(), nri::Container::default());
+        let (_d, audit) = front(Mode::Audit);
+        assert!(
+            !audit.may_refuse(&plain.0, &plain.1),
+            "audit: nothing refused"
+        );
+        // A pod or a container that names a mode may turn enforcement on.
+        let pod = nri::PodSandbox {
+            annotations: with_mode("enforce"),
+            ..Default::default()
+        };
+        assert!(audit.may_refuse(&pod, &plain.1));
+        let container = nri::Container {
+            annotations: with_mode("enforce"),
+            ..Default::default()
+        };
+        assert!(audit.may_refuse(&plain.0, &container));
+        let (_d, enforce) = front(Mode::Enforce);
+        assert!(enforce.may_refuse(&plain.0, &plain.1));
     }
 }

@@ -11,11 +11,18 @@
 //! operation goes on unchecked and the log says so. Only a finished check's refusal (enforce
 //! mode) fails an operation. A check runs on a thread of its own, which writes its answer
 //! itself: one thread between the request and its answer.
+//!
+//! A request nothing can refuse — a container of a pod in audit mode (the node's, no
+//! `kata-topo.io/mode` on the pod or the container) — is answered at once, before its check:
+//! containerd holds one lock over every plugin call, so every create and update of the node
+//! waits for each answer. Its check then runs on the session's [`After`] thread, in the order
+//! the requests came, with the removals that follow it; its verdict goes to the same outputs.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -111,6 +118,7 @@ pub fn serve(
     let mut sync = nri::SynchronizeRequest::default();
     let mut reader = Reader::new(stream);
     let overdue = Overdue::start(Arc::clone(&writer), log.clone());
+    let after = After::start(log);
     while let Some((conn, frame)) = reader.next_frame()? {
         let received = Instant::now();
         if conn == RUNTIME_CONN {
@@ -210,63 +218,96 @@ pub fn serve(
             }
             "CreateContainer" => match decode::<nri::CreateContainerRequest>(payload) {
                 Ok(req) => {
-                    let front = Arc::clone(&front);
-                    respond(
-                        &writer,
-                        &overdue,
-                        received,
-                        budget,
-                        log,
-                        "CreateContainer",
-                        answer,
-                        move || {
-                            let (pod, container) = (
-                                req.pod.unwrap_or_default(),
-                                req.container.unwrap_or_default(),
-                            );
-                            front
-                                .create(&pod, &container)
-                                .map(|()| nri::CreateContainerResponse::default().encode_to_vec())
-                                .map_err(refused)
-                        },
+                    let (pod, container) = (
+                        req.pod.unwrap_or_default(),
+                        req.container.unwrap_or_default(),
                     );
+                    let front = Arc::clone(&front);
+                    match after
+                        .as_ref()
+                        .filter(|_| !front.may_refuse(&pod, &container))
+                    {
+                        Some(after) => {
+                            let queued = after.check(move || {
+                                let _ = front.create(&pod, &container);
+                            });
+                            let empty = nri::CreateContainerResponse::default().encode_to_vec();
+                            writer.send(PLUGIN_CONN, &answer(Ok(empty)))?;
+                            answered_first(log, "CreateContainer", received, queued);
+                        }
+                        None => respond(
+                            &writer,
+                            &overdue,
+                            received,
+                            budget,
+                            log,
+                            "CreateContainer",
+                            answer,
+                            move || {
+                                front
+                                    .create(&pod, &container)
+                                    .map(|()| {
+                                        nri::CreateContainerResponse::default().encode_to_vec()
+                                    })
+                                    .map_err(refused)
+                            },
+                        ),
+                    }
                 }
                 Err(s) => writer.send(PLUGIN_CONN, &answer(Err(s)))?,
             },
             "UpdateContainer" => match decode::<nri::UpdateContainerRequest>(payload) {
                 Ok(req) => {
+                    let pod = req.pod.unwrap_or_default();
+                    let container = req.container.unwrap_or_default();
+                    let resources = req.linux_resources.unwrap_or_default();
                     let front = Arc::clone(&front);
-                    respond(
-                        &writer,
-                        &overdue,
-                        received,
-                        budget,
-                        log,
-                        "UpdateContainer",
-                        answer,
-                        move || {
-                            let pod = req.pod.unwrap_or_default();
-                            let container = req.container.unwrap_or_default();
-                            let resources = req.linux_resources.unwrap_or_default();
-                            front
-                                .update(&pod, &container, &resources)
-                                .map(|()| nri::UpdateContainerResponse::default().encode_to_vec())
-                                .map_err(refused)
-                        },
-                    );
+                    match after
+                        .as_ref()
+                        .filter(|_| !front.may_refuse(&pod, &container))
+                    {
+                        Some(after) => {
+                            let queued = after.check(move || {
+                                let _ = front.update(&pod, &container, &resources);
+                            });
+                            let empty = nri::UpdateContainerResponse::default().encode_to_vec();
+                            writer.send(PLUGIN_CONN, &answer(Ok(empty)))?;
+                            answered_first(log, "UpdateContainer", received, queued);
+                        }
+                        None => respond(
+                            &writer,
+                            &overdue,
+                            received,
+                            budget,
+                            log,
+                            "UpdateContainer",
+                            answer,
+                            move || {
+                                front
+                                    .update(&pod, &container, &resources)
+                                    .map(|()| {
+                                        nri::UpdateContainerResponse::default().encode_to_vec()
+                                    })
+                                    .map_err(refused)
+                            },
+                        ),
+                    }
                 }
                 Err(s) => writer.send(PLUGIN_CONN, &answer(Err(s)))?,
             },
             "RemoveContainer" => {
                 if let Ok(req) = decode::<nri::RemoveContainerRequest>(payload) {
-                    front.remove_container(&req.container.unwrap_or_default());
+                    let (front, container) =
+                        (Arc::clone(&front), req.container.unwrap_or_default());
+                    in_order(after.as_ref(), move || front.remove_container(&container));
                 }
                 let empty = nri::RemoveContainerResponse::default().encode_to_vec();
                 writer.send(PLUGIN_CONN, &answer(Ok(empty)))?;
             }
             "RemovePodSandbox" => {
                 if let Ok(req) = decode::<nri::RemovePodSandboxRequest>(payload) {
-                    front.remove_pod(&req.pod.unwrap_or_default());
+                    let (front, pod) = (Arc::clone(&front), req.pod.unwrap_or_default());
+                    in_order(after.as_ref(), move || front.remove_pod(&pod));
                 }
                 let empty = nri::RemovePodSandboxResponse::default().encode_to_vec();
                 writer.send(PLUGIN_CONN, &answer(Ok(empty)))?;
@@ -274,12 +315,15 @@ pub fn serve(
             // NRI's older way of telling the same events.
             "StateChange" => {
                 if let Ok(ev) = decode::<nri::StateChangeEvent>(payload) {
+                    let front = Arc::clone(&front);
                     match nri::Event::try_from(ev.event) {
                         Ok(nri::Event::RemoveContainer) => {
-                            front.remove_container(&ev.container.unwrap_or_default())
+                            let container = ev.container.unwrap_or_default();
+                            in_order(after.as_ref(), move || front.remove_container(&container));
                         }
                         Ok(nri::Event::RemovePodSandbox) => {
-                            front.remove_pod(&ev.pod.unwrap_or_default())
+                            let pod = ev.pod.unwrap_or_default();
+                            in_order(after.as_ref(), move || front.remove_pod(&pod));
                         }
                         _ => {}
                     }
@@ -325,6 +369,106 @@ fn refused(message: String) -> Status {
 fn decode<M: Message + Default>(payload: &[u8]) -> Result<M, Status> {
     M::decode(payload)
         .map_err(|e| status(Code::InvalidArgument, format!("malformed NRI request: {e}")))
+}
+
+/// How many checks may wait for the [`After`] thread; one more is not run, and the log says so.
+const AFTER_QUEUE: usize = 1024;
+/// How long a session's end waits for the checks still queued.
+const AFTER_DRAIN: Duration = Duration::from_secs(2);
+
+type Later = Box<dyn FnOnce() + Send>;
+
+/// The session's thread for the checks of requests answered before their verdict, and for the
+/// removals that follow them: one at a time, in the order the requests came, so that a
+/// container's update is checked after its create and a late check never brings back a
+/// container or a pod removed after it. When the session ends, what is queued still runs
+/// (waited for [`AFTER_DRAIN`] at most).
+struct After {
+    tx: Option<Sender<Later>>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl After {
+    /// `None` when no thread can be started: every request then waits for its verdict.
+    fn start(log: &Logger) -> Option<Self> {
+        let (tx, rx) = channel::<Later>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let (count, thread_log) = (Arc::clone(&waiting), log.clone());
+        let spawned = std::thread::Builder::new()
+            .name("nri-after".into())
+            .spawn(move || {
+                for job in rx {
+                    if catch_unwind(AssertUnwindSafe(job)).is_err() {
+                        slog::warn!(thread_log, "a check after its answer failed unexpectedly";
+                            "event" => "nri-unchecked", "method" => "", "reason" => "the check failed unexpectedly");
+                    }
+                    count.fetch_sub(1, Ordering::AcqRel);
+                }
+            });
+        match spawned {
+            Ok(_) => Some(Self {
+                tx: Some(tx),
+                waiting,
+            }),
+            Err(e) => {
+                slog::warn!(log, "cannot start the thread for checks after their answer; every request waits for its verdict";
+                    "event" => "nri-unchecked", "method" => "", "reason" => e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Queues a check; `false` when it is not run (the queue is full, or the thread gone).
+    fn check(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        self.waiting.load(Ordering::Acquire) < AFTER_QUEUE && self.queue(Box::new(job)).is_ok()
+    }
+
+    /// Queues `job`, or gives it back.
+    fn queue(&self, job: Later) -> Result<(), Later> {
+        let Some(tx) = &self.tx else {
+            return Err(job);
+        };
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        tx.send(job).map_err(|e| {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            e.0
+        })
+    }
+}
+
+impl Drop for After {
+    fn drop(&mut self) {
+        self.tx.take();
+        let deadline = Instant::now() + AFTER_DRAIN;
+        while self.waiting.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Runs a removal after the checks queued before it (never turned away), or here when there
+/// is no [`After`] thread.
+fn in_order(after: Option<&After>, job: impl FnOnce() + Send + 'static) {
+    let job: Later = Box::new(job);
+    match after {
+        Some(a) => {
+            if let Err(job) = a.queue(job) {
+                job();
+            }
+        }
+        None => job(),
+    }
+}
+
+/// The log of a request answered before its check (`queued`: whether the check runs).
+fn answered_first(log: &Logger, method: &'static str, received: Instant, queued: bool) {
+    slog::debug!(log, "answered"; "event" => "nri-answered", "method" => method,
+        "micros" => received.elapsed().as_micros() as u64, "before_verdict" => true);
+    if !queued {
+        slog::warn!(log, "answered without a verdict: the operation goes on unchecked";
+            "event" => "nri-unchecked", "method" => method,
+            "reason" => format!("{AFTER_QUEUE} checks wait already"));
+    }
 }
 
 /// How a request is answered, once: by its check, or by the budget thread.
@@ -554,6 +698,57 @@ mod tests {
             "the panicking check, answered; nothing from the hung one"
         );
         assert!(answer.status.is_none() && answer.payload.is_empty());
+    }
+
+    #[test]
+    fn checks_after_their_answer_run_in_order_and_a_removal_never_overtakes_them() {
+        let log = Logger::root(slog::Discard, slog::o!());
+        let after = After::start(&log).expect("the thread");
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..3 {
+            let ran = Arc::clone(&ran);
+            assert!(after.check(move || {
+                std::thread::sleep(Duration::from_millis(20 - 5 * i));
+                ran.lock().expect("lock").push(format!("check {i}"));
+            }));
+        }
+        let removed = Arc::clone(&ran);
+        in_order(Some(&after), move || {
+            removed.lock().expect("lock").push("removal".into())
+        });
+        // The session's end runs what is queued.
+        drop(after);
+        assert_eq!(
+            *ran.lock().expect("lock"),
+            ["check 0", "check 1", "check 2", "removal"]
+        );
+    }
+
+    #[test]
+    fn a_full_queue_turns_checks_away_but_never_a_removal() {
+        let log = Logger::root(slog::Discard, slog::o!());
+        let after = After::start(&log).expect("the thread");
+        let (release, wedged) = sync_channel::<()>(0);
+        assert!(after.check(move || {
+            let _ = wedged.recv();
+        }));
+        let count = Arc::new(AtomicUsize::new(0));
+        for _ in 1..AFTER_QUEUE {
+            let count = Arc::clone(&count);
+            assert!(after.check(move || {
+                count.fetch_add(1, Ordering::Relaxed);
+            }));
+        }
+        assert!(!after.check(|| {}), "one more than the queue holds");
+        let removed = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&removed);
+        in_order(Some(&after), move || {
+            r.fetch_add(1, Ordering::Relaxed);
+        });
+        release.send(()).expect("release");
+        drop(after);
+        assert_eq!(count.load(Ordering::Relaxed), AFTER_QUEUE - 1);
+        assert_eq!(removed.load(Ordering::Relaxed), 1, "the removal ran");
     }
 
     #[test]
